@@ -1,0 +1,21 @@
+"""Sharded, coalescing transactional outboxes for Django."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from outbox.categories import OutboxCategory, OutboxScope, unique_object_identifier
+from outbox.context import outbox_context
+from outbox.signals import transactional_receiver
+
+try:
+    __version__ = version("django-outboxes")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "OutboxCategory",
+    "OutboxScope",
+    "__version__",
+    "outbox_context",
+    "transactional_receiver",
+    "unique_object_identifier",
+]

@@ -1,0 +1,137 @@
+"""The engine's view of a database: one small interface, one implementation per path.
+
+Every method runs as its own short transaction (the engine never calls them inside a
+caller's transaction), so a lease is committed, and so visible to other workers, the
+moment `claim` returns. "Held" always means: the lease row still carries our token.
+Stealing an expired lease replaces the token in one guarded UPDATE, so a token match is
+all a holder needs to check.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from outbox.models import OutboxBase
+from outbox.shards import ShardKey
+
+
+@dataclass
+class Lease:
+    """A claim on some shards of one outbox table, shared by one batch."""
+
+    token: str
+    holder: str
+    seconds: float
+    shards: list[ShardKey] = field(default_factory=list)
+
+
+@dataclass
+class Group:
+    """A coalescing group as read: all its pending row ids, and its newest row."""
+
+    shard: ShardKey
+    category: int
+    object_identifier: int
+    row_ids: list[int] = field(default_factory=list)
+    attempts: list[int] = field(default_factory=list)
+    message: OutboxBase | None = None
+
+    @property
+    def newest_id(self) -> int:
+        return self.row_ids[-1]
+
+
+@dataclass
+class Window:
+    """One read of the claimed shards: groups per shard in order of their oldest row."""
+
+    shards: dict[ShardKey, list[Group]]
+    full: bool
+
+
+@dataclass
+class FailedGroup:
+    """A group whose receiver raised: per-row delays, and the shard's back-off."""
+
+    shard: ShardKey
+    row_delays: dict[int, float]
+    error: str
+    block_seconds: float
+
+
+class OutboxBackend(ABC):
+    """Database operations of the engine for one database alias."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+
+    @abstractmethod
+    def find_due_shards(
+        self,
+        model: type[OutboxBase],
+        limit: int,
+        *,
+        within: Sequence[ShardKey] | None = None,
+        scopes: Sequence[int] | None = None,
+        identifiers: Sequence[int] | None = None,
+    ) -> list[ShardKey]:
+        """Shards with a due row and no live lease, oldest work first."""
+
+    @abstractmethod
+    def claim(self, model: type[OutboxBase], shards: Sequence[ShardKey], lease: Lease) -> None:
+        """Lease whichever of `shards` are free; set `lease.shards` to those won."""
+
+    @abstractmethod
+    def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
+        """Push the lease's expiry forward; return the shards still held."""
+
+    @abstractmethod
+    def read_window(
+        self,
+        model: type[OutboxBase],
+        shards: Sequence[ShardKey],
+        bounds: Mapping[ShardKey, int | None] | None,
+        limit: int,
+    ) -> Window:
+        """Read up to `limit` pending rows of `shards` (ids up to `bounds`), coalesced."""
+
+    @abstractmethod
+    def retire(
+        self, model: type[OutboxBase], lease: Lease, row_ids: Mapping[ShardKey, Sequence[int]]
+    ) -> tuple[int, set[ShardKey]]:
+        """Delete delivered rows of shards still held; return (deleted, shards lost)."""
+
+    @abstractmethod
+    def reschedule(
+        self, model: type[OutboxBase], lease: Lease, failures: Sequence[FailedGroup]
+    ) -> None:
+        """Record a failed attempt on each row and back its shard off."""
+
+    @abstractmethod
+    def release(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
+        """Give up the lease on `shards` (only where it is still ours)."""
+
+
+def coalesce(model: type[OutboxBase], rows: Sequence[Sequence[int | str]]) -> dict[ShardKey, list[Group]]:
+    """Group rows read in id order into coalescing groups, per shard.
+
+    Each row is the `shard_fields` values followed by id, category, object_identifier
+    and attempts. Groups come out in order of their oldest row.
+    """
+    width = len(model.shard_fields)
+    shards: dict[ShardKey, list[Group]] = {}
+    groups: dict[tuple[ShardKey, int, int], Group] = {}
+    for row in rows:
+        shard = model.shard_key_of(row[:width])
+        row_id, category, object_identifier, attempts = (int(value) for value in row[width:])
+        group = groups.get((shard, category, object_identifier))
+        if group is None:
+            group = groups[(shard, category, object_identifier)] = Group(
+                shard, category, object_identifier
+            )
+            shards.setdefault(shard, []).append(group)
+        group.row_ids.append(row_id)
+        group.attempts.append(attempts)
+    return shards

@@ -1,0 +1,155 @@
+"""Scopes and categories, declared by the project as enums.
+
+A project subclasses :class:`OutboxCategory` for its message kinds and
+:class:`OutboxScope` for its shard scopes; each scope member lists its categories::
+
+    class Category(OutboxCategory):
+        ORGANIZATION_UPDATE = 1
+        AUDIT_LOG_EVENT = 2
+
+    class Scope(OutboxScope):
+        ORGANIZATION = 0, {Category.ORGANIZATION_UPDATE, Category.AUDIT_LOG_EVENT}
+
+A category belongs to exactly one scope; declaring it in two raises at import time.
+Category members are the ``sender`` of the process signals.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from outbox.exceptions import InvalidOutboxMessage, OutboxConfigurationError
+
+
+def _label(member: enum.Enum) -> str:
+    return f"{type(member).__name__}.{member.name}"
+
+
+class OutboxCategory(enum.IntEnum):
+    """Base class of a project's categories (values unique across the project)."""
+
+    @property
+    def scope(self) -> OutboxScope:
+        return registry.scope_of(self)
+
+
+class _ScopeMeta(enum.EnumMeta):
+    # Registration happens once the enum class is complete: Python 3.10 does not
+    # show members to __init_subclass__ yet.
+    def __new__(mcls, *args: Any, **kwargs: Any) -> Any:
+        cls = super().__new__(mcls, *args, **kwargs)
+        if cls.__members__:
+            registry.add_scopes(cls)
+        return cls
+
+
+class OutboxScope(enum.IntEnum, metaclass=_ScopeMeta):
+    """Base class of a project's scopes: each member is ``value, {categories}``."""
+
+    categories: frozenset[OutboxCategory]
+
+    def __new__(cls, value: int, categories: Iterable[OutboxCategory] = ()) -> OutboxScope:
+        member = int.__new__(cls, value)
+        member._value_ = value
+        member.categories = frozenset(categories)
+        return member
+
+
+class Registry:
+    """Where every declared scope and category is looked up by its stored integer."""
+
+    def __init__(self) -> None:
+        self.scopes: dict[int, OutboxScope] = {}
+        self.categories: dict[int, OutboxCategory] = {}
+        self._scope_of: dict[OutboxCategory, OutboxScope] = {}
+
+    def add_scopes(self, scope_enum: type[OutboxScope]) -> None:
+        for scope in scope_enum:
+            self._add_scope(scope)
+
+    def _add_scope(self, scope: OutboxScope) -> None:
+        known = self.scopes.get(scope.value)
+        if known is not None and known is not scope:
+            raise OutboxConfigurationError(
+                f"Scope value {scope.value} is declared twice: {_label(known)} and {_label(scope)}."
+            )
+        self.scopes[scope.value] = scope
+        for category in scope.categories:
+            if not isinstance(category, OutboxCategory):
+                raise OutboxConfigurationError(
+                    f"{_label(scope)} lists {category!r}, which is not an OutboxCategory member."
+                )
+            owner = self._scope_of.get(category)
+            if owner is not None and owner is not scope:
+                raise OutboxConfigurationError(
+                    f"Category {_label(category)} is declared in two scopes: "
+                    f"{_label(owner)} and {_label(scope)}. A category belongs to exactly one scope."
+                )
+            same_value = self.categories.get(category.value)
+            if same_value is not None and same_value is not category:
+                raise OutboxConfigurationError(
+                    f"Category value {category.value} is used by both {_label(same_value)} "
+                    f"and {_label(category)}."
+                )
+            self._scope_of[category] = scope
+            self.categories[category.value] = category
+
+    def scope(self, value: int) -> OutboxScope:
+        try:
+            return self.scopes[int(value)]
+        except (KeyError, TypeError, ValueError):
+            raise InvalidOutboxMessage(
+                f"Unknown shard_scope {value!r}: no OutboxScope declares it."
+            ) from None
+
+    def category(self, value: int) -> OutboxCategory:
+        try:
+            return self.categories[int(value)]
+        except (KeyError, TypeError, ValueError):
+            raise InvalidOutboxMessage(
+                f"Unknown category {value!r}: no OutboxScope lists a category with this value."
+            ) from None
+
+    def scope_of(self, category: OutboxCategory) -> OutboxScope:
+        return self._scope_of[category]
+
+    def check_pair(self, scope_value: int, category_value: int) -> None:
+        """Raise InvalidOutboxMessage unless the category belongs to the scope."""
+        scope = self.scope(scope_value)
+        category = self.category(category_value)
+        owner = self._scope_of[category]
+        if owner is not scope:
+            raise InvalidOutboxMessage(
+                f"Category {_label(category)} belongs to scope {_label(owner)}, "
+                f"not to {_label(scope)}."
+            )
+
+    def scope_by_name(self, name: str) -> OutboxScope:
+        """Find a scope by member name (``ORGANIZATION``) or by value (``"0"``)."""
+        if name.lstrip("-").isdigit():
+            return self.scope(int(name))
+        for scope in self.scopes.values():
+            if scope.name == name.upper():
+                return scope
+        raise InvalidOutboxMessage(f"Unknown scope {name!r}.")
+
+
+registry = Registry()
+
+
+def unique_object_identifier() -> int:
+    """Return an object_identifier that no other message will share, so it never coalesces.
+
+    Milliseconds since 2024 in the high bits keep the values roughly time-ordered (and
+    positive, fitting a signed 64-bit column until 2093); 22 random bits make two calls
+    in the same millisecond collide with odds of 1 in 4M.
+    """
+    millis = time.time_ns() // 1_000_000 - _EPOCH_2024_MS
+    return millis << 22 | secrets.randbits(22)
+
+
+_EPOCH_2024_MS = 1_704_067_200_000

@@ -1,0 +1,258 @@
+"""The drain engine: claim shards with a lease, deliver their groups, settle in batches.
+
+A batch is: claim due shards (committed), read a window of their rows, call receivers
+outside any transaction, then delete the delivered rows and reschedule the failed ones
+in one statement each, guarded by the lease. A shard stops at its first failing group,
+so its later groups keep waiting in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from django.db import connections
+
+from outbox.backends import get_backend
+from outbox.backends.base import FailedGroup, Group, Lease, Window
+from outbox.backends.errors import is_transient_lock_error
+from outbox.conf import outbox_settings
+from outbox.engine import delivery
+from outbox.engine.backoff import retry_delay
+from outbox.engine.keeper import Holding, LeaseKeeper
+from outbox.engine.stats import DrainStats
+from outbox.exceptions import DrainInTransaction
+from outbox.models import OutboxBase
+from outbox.shards import ShardKey
+
+logger = logging.getLogger("outbox.engine")
+
+_ERROR_LIMIT = 4000
+
+
+@dataclass
+class _Round:
+    """What one window's delivery did, settled even if a receiver interrupts it."""
+
+    delivered: dict[ShardKey, list[int]] = field(default_factory=dict)
+    failures: list[FailedGroup] = field(default_factory=list)
+    lost: set[ShardKey] = field(default_factory=set)
+    receiver_calls: int = 0
+    retired_inline: int = 0
+
+
+class Drainer:
+    """Drains one outbox table on one database. Cheap to create; not thread-safe."""
+
+    def __init__(
+        self,
+        model: type[OutboxBase],
+        using: str | None = None,
+        *,
+        scopes: Sequence[int] | None = None,
+        identifiers: Sequence[int] | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.model = model
+        self.using = using or model._default_manager.db
+        self.backend = get_backend(self.using)
+        self.scopes = scopes
+        self.identifiers = identifiers
+        self.stop = stop or threading.Event()
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"[:128]
+
+    def drain(self, *, deadline: float | None = None) -> DrainStats:
+        """Deliver everything due now (and what becomes due meanwhile) until none is left."""
+        self._refuse_open_transaction()
+        stats = DrainStats()
+        started = time.monotonic()
+        idle_rounds = 0
+        while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            due = self._retrying(
+                lambda: self.backend.find_due_shards(
+                    self.model,
+                    int(outbox_settings.BATCH_SHARDS),
+                    scopes=self.scopes,
+                    identifiers=self.identifiers,
+                )
+            )
+            if not due:
+                break
+            batch = self._work(due, bounds=None)
+            stats.add(batch)
+            # Due shards that yield nothing (all claimed by others a moment ago) must
+            # not spin this loop.
+            progressed = batch.receiver_calls or batch.rows_retired or batch.failures
+            idle_rounds = 0 if progressed else idle_rounds + 1
+            if idle_rounds >= 3:
+                break
+        stats.seconds = time.monotonic() - started
+        return stats
+
+    def flush(self, bounds: Mapping[ShardKey, int | None]) -> DrainStats:
+        """Deliver the due rows of these shards up to their bounds, if no one holds them.
+
+        A shard someone else holds is left to its holder or the drain.
+        """
+        self._refuse_open_transaction()
+        started = time.monotonic()
+        due = self.backend.find_due_shards(self.model, len(bounds), within=list(bounds))
+        stats = self._work(due, bounds=bounds)
+        stats.seconds = time.monotonic() - started
+        return stats
+
+    def _refuse_open_transaction(self) -> None:
+        if connections[self.using].in_atomic_block:
+            raise DrainInTransaction(
+                f"Refusing to drain {self.model._meta.label} inside an open transaction on "
+                f"{self.using!r}: leases must commit on their own. Drain after commit."
+            )
+
+    def _work(self, shards: list[ShardKey], bounds: Mapping[ShardKey, int | None] | None) -> DrainStats:
+        stats = DrainStats()
+        lease = Lease(uuid.uuid4().hex, self.holder, float(outbox_settings.LEASE_SECONDS))
+        self._retrying(lambda: self.backend.claim(self.model, shards, lease))
+        if not lease.shards:
+            return stats
+        stats.shards = len(lease.shards)
+        holding = Holding(self.backend, self.model, lease)
+        keeper = LeaseKeeper.get()
+        keeper.hold(holding)
+        active = list(lease.shards)
+        try:
+            while active and not self.stop.is_set():
+                window = self.backend.read_window(
+                    self.model, active, bounds, int(outbox_settings.BATCH_ROWS)
+                )
+                round_ = _Round()
+                try:
+                    self._deliver(window, holding, round_)
+                finally:
+                    self._settle(lease, round_, stats)
+                finished = set(round_.lost) | {failure.shard for failure in round_.failures}
+                if not window.full:
+                    finished.update(active)
+                finished.update(key for key in active if key not in window.shards)
+                self._release(lease, [key for key in active if key in finished])
+                active = [key for key in active if key not in finished]
+        finally:
+            keeper.drop(holding)
+            self._release_remaining(lease)
+        return stats
+
+    def _release_remaining(self, lease: Lease) -> None:
+        try:
+            self._release(lease, list(lease.shards))
+        except Exception:
+            # The leases expire by themselves; the error that brought us here matters more.
+            logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
+
+    def _deliver(self, window: Window, holding: Holding, round_: _Round) -> None:
+        for shard, groups in window.shards.items():
+            for group in groups:
+                if self.stop.is_set():
+                    return
+                if shard in holding.lost:
+                    round_.lost.add(shard)
+                    break
+                if group.message is None:
+                    break  # removed by an operator meanwhile; the next read sees the rest
+                if not self._deliver_group(group, holding, round_):
+                    break
+
+    def _deliver_group(self, group: Group, holding: Holding, round_: _Round) -> bool:
+        """Deliver one group; False when its shard must stop here."""
+        lease = holding.lease
+        holding.receiver_started = time.monotonic()
+        try:
+            round_.receiver_calls += 1
+            retired_inline = delivery.send(
+                self.model,
+                group,
+                lambda: not self._retire_now(lease, {group.shard: group.row_ids}, round_),
+                self.using,
+            )
+        except delivery.LeaseLost:
+            round_.lost.add(group.shard)
+            return False
+        except Exception as exc:
+            round_.failures.append(self._failure(group, exc))
+            return False
+        finally:
+            holding.receiver_started = None
+        if not retired_inline:
+            round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
+        return True
+
+    def _retire_now(self, lease: Lease, row_ids: dict[ShardKey, list[int]], round_: _Round) -> set[ShardKey]:
+        deleted, lost = self.backend.retire(self.model, lease, row_ids)
+        if not lost:
+            round_.retired_inline += deleted
+        return lost
+
+    def _failure(self, group: Group, exc: Exception) -> FailedGroup:
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:_ERROR_LIMIT]
+        delays = {
+            row_id: retry_delay(attempts + 1)
+            for row_id, attempts in zip(group.row_ids, group.attempts)
+        }
+        logger.warning(
+            "outbox receiver failed for shard %s category %s object %s: %s",
+            group.shard,
+            group.category,
+            group.object_identifier,
+            error,
+            extra={
+                "event": "outbox.delivery_failed",
+                "outbox": self.model._meta.label,
+                "shard": str(group.shard),
+                "category": group.category,
+                "attempts": group.attempts[0] + 1,
+            },
+        )
+        return FailedGroup(group.shard, delays, error, delays[group.row_ids[0]])
+
+    def _settle(self, lease: Lease, round_: _Round, stats: DrainStats) -> None:
+        deleted, lost = self._retrying(
+            lambda: self.backend.retire(self.model, lease, round_.delivered)
+        )
+        for key in lost:
+            logger.warning(
+                "outbox lease lost on shard %s before its delete; it will be redelivered",
+                key,
+                extra={"event": "outbox.lease_lost", "outbox": self.model._meta.label, "shard": str(key)},
+            )
+        round_.lost.update(lost)
+        failures = [failure for failure in round_.failures if failure.shard not in lost]
+        self._retrying(lambda: self.backend.reschedule(self.model, lease, failures))
+        stats.receiver_calls += round_.receiver_calls
+        stats.rows_retired += deleted + round_.retired_inline
+        stats.failures += len(round_.failures)
+        stats.leases_lost += len(round_.lost)
+        stats.failed_shards.extend(str(failure.shard) for failure in round_.failures)
+
+    def _release(self, lease: Lease, shards: list[ShardKey]) -> None:
+        if not shards:
+            return
+        self._retrying(lambda: self.backend.release(self.model, lease, shards))
+        released = set(shards)
+        lease.shards = [key for key in lease.shards if key not in released]
+
+    @staticmethod
+    def _retrying(operation):  # type: ignore[no-untyped-def]
+        """Run a short engine statement, retrying deadlocks and lock timeouts."""
+        for attempt in range(5):
+            try:
+                return operation()
+            except Exception as exc:
+                if attempt == 4 or not is_transient_lock_error(exc):
+                    raise
+                time.sleep(0.01 * 2**attempt)
+        raise AssertionError("unreachable")

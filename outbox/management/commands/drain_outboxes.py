@@ -1,0 +1,135 @@
+"""`manage.py drain_outboxes`: drain what is due once, or keep draining with --loop.
+
+Exit status: 0 when every claimed shard was delivered; 3 when at least one receiver
+failed (its rows are rescheduled with back-off and kept).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any
+
+from django.apps import apps
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from outbox.categories import registry
+from outbox.conf import outbox_settings
+from outbox.engine import DrainStats, drain_outboxes, outbox_models
+from outbox.exceptions import InvalidOutboxMessage
+from outbox.models import OutboxBase
+
+FAILED_EXIT_STATUS = 3
+
+
+class Command(BaseCommand):
+    help = "Deliver due outbox messages to their receivers."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--loop", action="store_true", help="Keep draining until stopped.")
+        parser.add_argument(
+            "--table", action="append", default=[], metavar="APP_LABEL.MODEL",
+            help="Only this outbox table (repeatable), e.g. outbox.RegionOutbox.",
+        )
+        parser.add_argument(
+            "--scope", action="append", default=[], metavar="SCOPE",
+            help="Only this shard scope, by name or value (repeatable).",
+        )
+        parser.add_argument(
+            "--shard", action="append", default=[], type=int, metavar="ID",
+            help="Only this shard_identifier (repeatable).",
+        )
+        parser.add_argument("--database", default=None, help="Database alias to drain.")
+        parser.add_argument(
+            "--max-seconds", type=float, default=None, help="Stop after this long."
+        )
+        parser.add_argument(
+            "--progress-every", type=float, default=5.0,
+            help="Seconds between progress lines (0 turns them off).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        tables = [self._table(label) for label in options["table"]] or outbox_models()
+        try:
+            scopes = [int(registry.scope_by_name(name)) for name in options["scope"]]
+        except InvalidOutboxMessage as exc:
+            raise CommandError(str(exc)) from exc
+        stop = threading.Event()
+        previous = self._stop_on_signals(stop)
+        try:
+            total = self._drain(tables, scopes, stop, options)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        self.stdout.write(f"drain_outboxes: {total.summary()}")
+        if total.failures:
+            raise CommandError(
+                f"{total.failures} delivery failure(s) on shards "
+                f"{', '.join(sorted(set(total.failed_shards))[:20])}; rows kept for retry.",
+                returncode=FAILED_EXIT_STATUS,
+            )
+
+    def _drain(
+        self, tables: list[type[OutboxBase]], scopes: list[int], stop: threading.Event,
+        options: dict[str, Any],
+    ) -> DrainStats:
+        started = time.monotonic()
+        deadline = started + options["max_seconds"] if options["max_seconds"] else None
+        every = options["progress_every"]
+        total = DrainStats()
+        while True:
+            # Drain in slices no longer than the progress interval.
+            slice_end = time.monotonic() + every if every else None
+            if deadline is not None:
+                slice_end = min(slice_end or deadline, deadline)
+            stats = drain_outboxes(
+                tables, using=options["database"], scopes=scopes or None,
+                identifiers=options["shard"] or None, deadline=slice_end, stop=stop,
+            )
+            total.add(stats)
+            now = time.monotonic()
+            cut_short = slice_end is not None and now >= slice_end and stats.shards > 0
+            if every and cut_short:
+                self._progress(total, now - started)
+            if stop.is_set() or (deadline is not None and now >= deadline):
+                break
+            if not cut_short and not options["loop"]:
+                break
+            if not stats.shards:
+                stop.wait(float(outbox_settings.LOOP_INTERVAL_SECONDS))
+        total.seconds = time.monotonic() - started
+        return total
+
+    def _table(self, label: str) -> type[OutboxBase]:
+        try:
+            model = apps.get_model(label)
+        except (LookupError, ValueError) as exc:
+            raise CommandError(f"Unknown outbox table {label!r}.") from exc
+        if not issubclass(model, OutboxBase):
+            raise CommandError(f"{label} is not an outbox table.")
+        return model
+
+    def _progress(self, total: DrainStats, elapsed: float) -> None:
+        rate = total.rows_retired / elapsed if elapsed else 0.0
+        self.stdout.write(
+            f"... {total.rows_retired} rows retired, {total.receiver_calls} receiver calls, "
+            f"{total.failures} failures after {elapsed:.0f}s ({rate:.0f} rows/s)"
+        )
+
+    def _stop_on_signals(self, stop: threading.Event) -> dict[int, Any]:
+        """SIGTERM/SIGINT: claim nothing new, let the receiver in flight finish, release.
+
+        Returns the handlers it replaced, to be put back.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def request_stop(signum: int, frame: Any) -> None:
+            self.stderr.write(f"drain_outboxes: signal {signum}, stopping after the current receiver")
+            stop.set()
+
+        return {
+            signum: signal.signal(signum, request_stop)
+            for signum in (signal.SIGTERM, signal.SIGINT)
+        }

@@ -1,0 +1,183 @@
+"""Outbox tables: the abstract base, the two stock tables, and the shard lease table.
+
+Importing this module never imports the engine: rows only tell the write path
+(`outbox.context`) which shards they touched, and the engine reads the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from django.db import models
+from django.db.models.functions import Now
+from django.dispatch import Signal
+
+from outbox import context
+from outbox.exceptions import InvalidOutboxMessage
+from outbox.shards import ShardKey
+from outbox.signals import process_control_outbox, process_region_outbox
+from outbox.validation import validate_message
+
+_Row = TypeVar("_Row", bound="OutboxBase")
+
+
+class OutboxQuerySet(models.QuerySet[_Row]):
+    def bulk_create(self, objs: Iterable[_Row], *args: Any, **kwargs: Any) -> list[_Row]:
+        """Insert many rows in one statement, validating every one of them first."""
+        rows = list(objs)
+        for row in rows:
+            row.validate_message()
+        context.require_context()
+        created = super().bulk_create(rows, *args, **kwargs)
+        context.record_writes(self.db, created)
+        return created
+
+
+class OutboxBase(models.Model):
+    """One message. Subclass it (concretely) to give a hot scope a table of its own."""
+
+    id = models.BigAutoField(primary_key=True)
+    shard_scope = models.IntegerField()
+    shard_identifier = models.BigIntegerField()
+    category = models.IntegerField()
+    object_identifier = models.BigIntegerField()
+    payload = models.JSONField(null=True, blank=True)
+    # Times come from the database clock, so app servers with skewed clocks agree.
+    scheduled_from = models.DateTimeField(db_default=Now())
+    scheduled_for = models.DateTimeField(db_default=Now())
+    date_added = models.DateTimeField(db_default=Now(), editable=False)
+    # Delivery state, written by the engine when a receiver fails.
+    attempts = models.PositiveIntegerField(default=0)
+    first_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    objects = OutboxQuerySet.as_manager()
+
+    # The columns that name a shard, in index order.
+    shard_fields: ClassVar[tuple[str, ...]] = ("shard_scope", "shard_identifier")
+    process_signal: ClassVar[Signal] = process_region_outbox
+
+    class Meta:
+        abstract = True
+        indexes = [
+            # Serves shard order: a shard's rows in id order, and coalescing, which
+            # happens per shard over that same ordered read.
+            models.Index(fields=["shard_scope", "shard_identifier", "id"], name="%(class)s_shard"),
+            models.Index(fields=["scheduled_for"], name="%(class)s_due"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__} #{self.pk} shard {self.shard_key} category {self.category}"
+
+    @property
+    def shard_key(self) -> ShardKey:
+        return ShardKey(
+            getattr(self, "region_name", ""), int(self.shard_scope), int(self.shard_identifier)
+        )
+
+    @classmethod
+    def shard_lookup(cls, key: ShardKey) -> dict[str, Any]:
+        """Field lookups selecting one shard's rows."""
+        return {field: getattr(key, field) for field in cls.shard_fields}
+
+    @classmethod
+    def shard_key_of(cls, values: Sequence[Any]) -> ShardKey:
+        """Build a key from the values of `shard_fields`, in that order."""
+        named = dict(zip(cls.shard_fields, values))
+        return ShardKey(named.get("region_name", ""), named["shard_scope"], named["shard_identifier"])
+
+    def validate_message(self) -> None:
+        """Raise InvalidOutboxMessage if this row must not be written."""
+        validate_message(self)
+
+    def signal_kwargs(self) -> dict[str, Any]:
+        return {
+            "object_identifier": self.object_identifier,
+            "shard_identifier": self.shard_identifier,
+            "shard_scope": self.shard_scope,
+            "payload": self.payload,
+        }
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.validate_message()
+        context.require_context()
+        super().save(*args, **kwargs)
+        context.record_writes(self._state.db or "default", [self])
+
+
+class RegionOutbox(OutboxBase):
+    """Messages produced in a region, handled by `process_region_outbox` receivers."""
+
+    class Meta(OutboxBase.Meta):
+        verbose_name = "region outbox message"
+
+
+class ControlOutbox(OutboxBase):
+    """Messages for one region, handled by `process_control_outbox` receivers.
+
+    `region_name` leads the shard and coalescing keys: shards never span regions.
+    """
+
+    region_name = models.CharField(max_length=48)
+
+    shard_fields = ("region_name", "shard_scope", "shard_identifier")
+    process_signal = process_control_outbox
+
+    class Meta(OutboxBase.Meta):
+        verbose_name = "control outbox message"
+        indexes = [
+            models.Index(
+                fields=["region_name", "shard_scope", "shard_identifier", "id"],
+                name="%(class)s_shard",
+            ),
+            models.Index(fields=["scheduled_for"], name="%(class)s_due"),
+        ]
+
+    def validate_message(self) -> None:
+        if not isinstance(self.region_name, str) or not self.region_name.strip():
+            raise InvalidOutboxMessage("ControlOutbox needs a non-empty region_name.")
+        if len(self.region_name) > 48:
+            raise InvalidOutboxMessage(f"region_name {self.region_name!r} is over 48 characters.")
+        super().validate_message()
+
+    def signal_kwargs(self) -> dict[str, Any]:
+        return {
+            **super().signal_kwargs(),
+            "region_name": self.region_name,
+            "date_added": self.date_added,
+            "scheduled_for": self.scheduled_for,
+        }
+
+
+class ShardLease(models.Model):
+    """The lease of one shard of one outbox table: who drains it, and until when.
+
+    A row exists while a worker holds the shard (`token` set) or while the shard backs
+    off after a failure (`token` empty, `expires_at` = when it may be retried). The
+    shard may be claimed once `expires_at` has passed on the database clock.
+    """
+
+    outbox = models.CharField(max_length=100, help_text="Label of the outbox model.")
+    region_name = models.CharField(max_length=48, blank=True, default="")
+    shard_scope = models.IntegerField()
+    shard_identifier = models.BigIntegerField()
+    token = models.CharField(max_length=32, null=True, blank=True)
+    expires_at = models.DateTimeField()
+    holder = models.CharField(max_length=128, blank=True, default="")
+    claimed_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["outbox", "region_name", "shard_scope", "shard_identifier"],
+                name="outbox_shardlease_shard",
+            )
+        ]
+        indexes = [models.Index(fields=["token"], name="outbox_shardlease_token")]
+
+    def __str__(self) -> str:
+        key = ShardKey(self.region_name, self.shard_scope, self.shard_identifier)
+        state = f"held by {self.holder}" if self.token else "backing off"
+        return f"{self.outbox} shard {key} {state} until {self.expires_at}"

@@ -1,0 +1,98 @@
+"""Models that emit their outboxes on save, delete, bulk_create, bulk_update and update.
+
+Subclass `OutboxProducer` and implement `outboxes_for_update()` (and, if deletes need a
+different message, `outboxes_for_delete()`). The model change and its outbox rows are
+written in one transaction on the model's database; the shards are flushed after commit
+unless an enclosing `outbox_context(flush=False)` says otherwise.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from django.db import models, router, transaction
+
+from outbox.context import outbox_context
+from outbox.models import OutboxBase
+
+_Model = TypeVar("_Model", bound="OutboxProducer")
+
+
+def write_outboxes(outboxes: Iterable[OutboxBase]) -> None:
+    """Insert outbox rows with one validated bulk insert per outbox table."""
+    by_table: dict[type[OutboxBase], list[OutboxBase]] = defaultdict(list)
+    for outbox in outboxes:
+        by_table[type(outbox)].append(outbox)
+    for table, rows in by_table.items():
+        table._default_manager.bulk_create(rows)
+
+
+@contextmanager
+def _producing(using: str) -> Iterator[None]:
+    with outbox_context(transaction.atomic(using=using)):
+        yield
+
+
+class OutboxProducerQuerySet(models.QuerySet[_Model]):
+    def bulk_create(self, objs: Iterable[_Model], *args: Any, **kwargs: Any) -> list[_Model]:
+        with _producing(self.db):
+            created = super().bulk_create(objs, *args, **kwargs)
+            write_outboxes(outbox for obj in created for outbox in obj.outboxes_for_update())
+        return created
+
+    def bulk_update(self, objs: Iterable[_Model], *args: Any, **kwargs: Any) -> int:
+        objs = list(objs)
+        with _producing(self.db):
+            count = super().bulk_update(objs, *args, **kwargs)
+            write_outboxes(outbox for obj in objs for outbox in obj.outboxes_for_update())
+        return count
+
+    def update(self, **kwargs: Any) -> int:
+        with _producing(self.db):
+            # Lock the rows so the messages describe the state this update produced.
+            pks = list(self.select_for_update().values_list("pk", flat=True))
+            count = super().update(**kwargs)
+            changed = self.model._base_manager.using(self.db).filter(pk__in=pks)
+            write_outboxes(outbox for obj in changed for outbox in obj.outboxes_for_update())
+        return count
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        with _producing(self.db):
+            outboxes = [outbox for obj in self.select_for_update() for outbox in obj.outboxes_for_delete()]
+            result = super().delete()
+            write_outboxes(outboxes)
+        return result
+
+
+class OutboxProducer(models.Model):
+    """Abstract base of models whose changes produce outbox messages."""
+
+    objects = OutboxProducerQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def outboxes_for_update(self) -> list[OutboxBase]:
+        """The messages announcing this object's current state."""
+        raise NotImplementedError(f"{type(self).__name__} must implement outboxes_for_update()")
+
+    def outboxes_for_delete(self) -> list[OutboxBase]:
+        """The messages announcing this object's deletion (by default, as an update)."""
+        return self.outboxes_for_update()
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+        with _producing(using):
+            super().save(*args, **kwargs)
+            write_outboxes(self.outboxes_for_update())
+
+    def delete(self, using: Any = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        using = using or router.db_for_write(type(self), instance=self)
+        with _producing(using):
+            outboxes = self.outboxes_for_delete()
+            result = super().delete(using=using, keep_parents=keep_parents)
+            write_outboxes(outboxes)
+        return result

@@ -1,0 +1,47 @@
+"""The signals receivers connect to, with a category member as ``sender``.
+
+``process_region_outbox`` is sent with ``object_identifier``, ``shard_identifier``,
+``shard_scope`` and ``payload``; ``process_control_outbox`` adds ``region_name``,
+``date_added`` and ``scheduled_for``. Receivers must be idempotent: a message is
+delivered at least once, and again if a worker dies before its delete commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.dispatch import Signal
+
+from outbox.categories import OutboxCategory
+
+process_region_outbox = Signal()
+process_control_outbox = Signal()
+
+_Receiver = TypeVar("_Receiver", bound=Callable[..., Any])
+
+# (id(signal), category) pairs whose messages are delivered inside the transaction that
+# deletes their rows.
+_transactional: set[tuple[int, OutboxCategory]] = set()
+
+
+def transactional_receiver(
+    signal: Signal, *, sender: OutboxCategory, **connect_kwargs: Any
+) -> Callable[[_Receiver], _Receiver]:
+    """Connect a receiver whose writes go to the outbox's own database.
+
+    Messages of ``sender`` are then delivered inside the transaction that deletes their
+    rows, so the receiver's writes commit exactly once, together with the delete. Every
+    receiver of that category runs inside that transaction.
+    """
+
+    def decorator(func: _Receiver) -> _Receiver:
+        signal.connect(func, sender=sender, **connect_kwargs)
+        _transactional.add((id(signal), sender))
+        return func
+
+    return decorator
+
+
+def is_transactional(signal: Signal, category: OutboxCategory) -> bool:
+    return (id(signal), category) in _transactional
