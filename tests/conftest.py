@@ -1,10 +1,19 @@
 import pytest
+from django.conf import settings
 
 from tests.testapp.receivers import recorder
 
+# Tests that commit for real: the engine refuses to drain inside the test's transaction.
+committing = pytest.mark.django_db(transaction=True, databases=["default", "control"])
+
+server_database_only = pytest.mark.skipif(
+    settings.TEST_DB == "sqlite", reason="real concurrency needs PostgreSQL or MariaDB"
+)
+
 
 @pytest.fixture(autouse=True)
-def clean_recorder():
+def calls():
+    """The recorder every test receiver reports to, fresh for each test."""
     recorder.reset()
     yield recorder
     recorder.reset()

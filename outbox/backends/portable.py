@@ -24,6 +24,7 @@ from django.db.models import (
     OuterRef,
     Q,
     QuerySet,
+    TextField,
     Value,
     When,
 )
@@ -192,6 +193,7 @@ class PortableBackend(OutboxBackend):
         error = Case(
             *[When(id__in=list(failure.row_delays), then=Value(failure.error)) for failure in failures],
             default=F("last_error"),
+            output_field=TextField(),
         )
         self.rows(model).filter(
             id__in=[row_id for failure in failures for row_id in failure.row_delays]

@@ -1,0 +1,222 @@
+"""The drain engine: coalescing, order, failure isolation, scheduling, leases."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from outbox.engine import Drainer, drain_outboxes
+from outbox.exceptions import DrainInTransaction
+from outbox.models import ControlOutbox, RegionOutbox, ShardLease
+from outbox.signals import process_region_outbox
+from tests.conftest import committing
+from tests.factories import ControlOutboxFactory, RegionOutboxFactory
+from tests.testapp.categories import Category
+from tests.testapp.models import Ledger
+from tests.testapp.receivers import record
+
+pytestmark = committing
+
+
+def test_coalescing_calls_once_with_the_newest_payload(calls):
+    for version in range(1, 4):
+        RegionOutboxFactory(object_identifier=42, payload={"v": version})
+    stats = drain_outboxes()
+    assert calls.payloads() == [{"v": 3}]
+    assert (stats.receiver_calls, stats.rows_retired, stats.coalesced) == (1, 3, 2)
+    assert not RegionOutbox.objects.exists()
+
+
+def test_row_written_during_processing_survives_and_is_delivered_later(calls):
+    def write_newer(sender, kwargs):
+        if kwargs["payload"] == {"v": 1}:
+            RegionOutboxFactory(object_identifier=42, payload={"v": 2})
+
+    calls.during_call = write_newer
+    RegionOutboxFactory(object_identifier=42, payload={"v": 1})
+    drain_outboxes()
+    assert calls.payloads() == [{"v": 1}, {"v": 2}]
+    assert not RegionOutbox.objects.exists()
+
+
+def test_groups_of_a_shard_go_in_order_of_their_oldest_row(calls):
+    for object_identifier, version in [(1, "a1"), (2, "b1"), (1, "a2"), (3, "c1"), (2, "b2")]:
+        RegionOutboxFactory(object_identifier=object_identifier, payload={"v": version})
+    drain_outboxes()
+    assert calls.payloads() == [{"v": "a2"}, {"v": "b2"}, {"v": "c1"}]
+
+
+def test_failing_receiver_blocks_only_its_shard_and_backs_off(calls):
+    calls.failing = {1}
+    before = timezone.now()
+    RegionOutboxFactory(shard_identifier=1, object_identifier=10, payload={"v": "first"})
+    RegionOutboxFactory(shard_identifier=1, object_identifier=11, payload={"v": "waits"})
+    RegionOutboxFactory(shard_identifier=2, payload={"v": "other shard"})
+    stats = drain_outboxes()
+    assert calls.payloads() == [{"v": "other shard"}]
+    assert stats.failures == 1
+    failed, waiting = RegionOutbox.objects.order_by("id")
+    assert failed.attempts == 1
+    assert failed.first_attempt_at is not None and failed.last_attempt_at is not None
+    assert "receiver failed for shard 1" in failed.last_error
+    # OUTBOX_BACKOFF_BASE_SECONDS=30 in the test settings: between 15 and 30 seconds.
+    assert failed.scheduled_for >= before + timedelta(seconds=14)
+    assert waiting.attempts == 0
+    # The shard stays blocked: a new due row in it does not unblock its later groups.
+    calls.failing = set()
+    RegionOutboxFactory(shard_identifier=1, object_identifier=12)
+    assert drain_outboxes().receiver_calls == 0
+    lease = ShardLease.objects.get()
+    assert lease.token is None and lease.expires_at >= before + timedelta(seconds=14)
+
+
+def test_backed_off_shard_is_retried_once_due(calls):
+    calls.failing = {1}
+    RegionOutboxFactory(shard_identifier=1, payload={"v": "x"})
+    drain_outboxes()
+    calls.failing = set()
+    past = timezone.now() - timedelta(seconds=1)
+    RegionOutbox.objects.update(scheduled_for=past)
+    ShardLease.objects.update(expires_at=past)
+    drain_outboxes()
+    assert calls.payloads() == [{"v": "x"}]
+    assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()
+
+
+def test_attempts_grow_and_keep_the_first_attempt_time(calls):
+    calls.failing = {1}
+    RegionOutboxFactory(shard_identifier=1)
+    drain_outboxes()
+    first = RegionOutbox.objects.get()
+    RegionOutbox.objects.update(scheduled_for=timezone.now() - timedelta(seconds=1))
+    ShardLease.objects.all().delete()
+    drain_outboxes()
+    second = RegionOutbox.objects.get()
+    assert second.attempts == 2
+    assert second.first_attempt_at == first.first_attempt_at
+    assert second.last_attempt_at >= first.last_attempt_at
+
+
+def test_future_rows_wait_and_one_due_row_drains_the_whole_shard(calls):
+    later = timezone.now() + timedelta(hours=1)
+    RegionOutboxFactory(shard_identifier=1, scheduled_for=later, payload={"v": "future"})
+    assert drain_outboxes().receiver_calls == 0
+    assert RegionOutbox.objects.count() == 1
+    RegionOutboxFactory(shard_identifier=1, payload={"v": "due"})
+    drain_outboxes()
+    assert calls.payloads() == [{"v": "future"}, {"v": "due"}]
+
+
+def test_message_without_receiver_is_kept(calls):
+    process_region_outbox.disconnect(record, sender=Category.AUDIT_EVENT)
+    try:
+        RegionOutboxFactory(shard_identifier=5)
+        stats = drain_outboxes()
+    finally:
+        process_region_outbox.connect(record, sender=Category.AUDIT_EVENT)
+    assert stats.failures == 1
+    row = RegionOutbox.objects.get()
+    assert "no receiver" in row.last_error and row.attempts == 1
+
+
+def test_transactional_receiver_commits_with_the_delete(calls):
+    RegionOutboxFactory(category=Category.LEDGER_ENTRY, object_identifier=1)
+    RegionOutboxFactory(category=Category.LEDGER_ENTRY, object_identifier=2)
+    drain_outboxes()
+    assert sorted(Ledger.objects.values_list("entry", flat=True)) == [1, 2]
+    assert not RegionOutbox.objects.exists()
+
+
+def test_failing_transactional_receiver_rolls_its_writes_back(calls):
+    calls.failing = {1}
+    RegionOutboxFactory(category=Category.LEDGER_ENTRY, object_identifier=1)
+    drain_outboxes()
+    assert not Ledger.objects.exists()
+    assert RegionOutbox.objects.get().attempts == 1
+
+
+def test_interrupt_is_never_success_and_releases_leases(calls):
+    def interrupt(sender, kwargs):
+        if kwargs["payload"] == {"v": "boom"}:
+            raise KeyboardInterrupt
+
+    calls.during_call = interrupt
+    RegionOutboxFactory(shard_identifier=1, object_identifier=1, payload={"v": "ok"})
+    RegionOutboxFactory(shard_identifier=1, object_identifier=2, payload={"v": "boom"})
+    with pytest.raises(KeyboardInterrupt):
+        drain_outboxes()
+    # The group delivered before the interrupt is retired; the interrupted one is kept.
+    assert list(RegionOutbox.objects.values_list("payload", flat=True)) == [{"v": "boom"}]
+    assert RegionOutbox.objects.get().attempts == 0
+    assert not ShardLease.objects.exists()
+
+
+def test_draining_inside_a_transaction_is_refused():
+    with transaction.atomic(), pytest.raises(DrainInTransaction):
+        drain_outboxes()
+
+
+def test_control_messages_carry_region_and_times(calls):
+    ControlOutboxFactory(region_name="eu", shard_identifier=1, payload={"v": "eu"})
+    ControlOutboxFactory(region_name="us", shard_identifier=1, payload={"v": "us"})
+    stats = drain_outboxes([ControlOutbox])
+    assert stats.shards == 2  # same scope and identifier, different regions
+    call = next(c for c in calls.calls if c["region_name"] == "eu")
+    assert call["payload"] == {"v": "eu"}
+    assert call["date_added"] is not None and call["scheduled_for"] is not None
+
+
+def test_filters_limit_the_drain(calls):
+    RegionOutboxFactory(shard_identifier=1)
+    RegionOutboxFactory(shard_identifier=2)
+    drain_outboxes(identifiers=[2])
+    assert [c["shard_identifier"] for c in calls.calls] == [2]
+
+
+def test_a_held_shard_is_skipped_by_other_workers(calls):
+    RegionOutboxFactory(shard_identifier=1)
+    RegionOutboxFactory(shard_identifier=2)
+    holder = Drainer(RegionOutbox)
+    from outbox.backends.base import Lease
+
+    lease = Lease("someone-else", "test", 30.0)
+    holder.backend.claim(RegionOutbox, [RegionOutbox.objects.first().shard_key], lease)
+    assert len(lease.shards) == 1
+    drain_outboxes()
+    assert [c["shard_identifier"] for c in calls.calls] == [2]
+
+
+def test_expired_lease_is_taken_over(calls):
+    RegionOutboxFactory(shard_identifier=1)
+    drainer = Drainer(RegionOutbox)
+    from outbox.backends.base import Lease
+
+    lease = Lease("dead-worker", "test", 30.0)
+    drainer.backend.claim(RegionOutbox, [RegionOutbox.objects.get().shard_key], lease)
+    ShardLease.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    drain_outboxes()
+    assert len(calls.calls) == 1
+    assert not ShardLease.objects.exists()
+
+
+def test_windows_smaller_than_the_backlog_still_drain_everything(calls, settings):
+    settings.OUTBOX_BATCH_ROWS = 3
+    for n in range(10):
+        RegionOutboxFactory(shard_identifier=n % 2, object_identifier=n, payload={"n": n})
+    drain_outboxes()
+    assert sorted(p["n"] for p in calls.payloads()) == list(range(10))
+    for shard in (0, 1):
+        delivered = [c["payload"]["n"] for c in calls.calls if c["shard_identifier"] == shard]
+        assert delivered == sorted(delivered)
+
+
+@pytest.mark.parametrize("groups", [1, 10])
+def test_query_count_does_not_grow_with_groups(groups, django_assert_num_queries):
+    for shard in range(3):
+        for n in range(groups):
+            RegionOutboxFactory(shard_identifier=shard, object_identifier=n)
+    # find due + claim (update; begin, insert, commit; read back) + read window (rows,
+    # payloads) + delete + release + the empty find that ends the drain.
+    with django_assert_num_queries(11):
+        drain_outboxes([RegionOutbox])
