@@ -46,7 +46,10 @@ class OutboxProducerQuerySet(models.QuerySet[_Model]):
     def bulk_update(self, objs: Iterable[_Model], *args: Any, **kwargs: Any) -> int:
         objs = list(objs)
         with _producing(self.db):
-            count = super().bulk_update(objs, *args, **kwargs)
+            # Django's bulk_update calls update(); a plain queryset keeps that from
+            # emitting a second time.
+            plain = models.QuerySet(self.model, using=self.db)
+            count = plain.bulk_update(objs, *args, **kwargs)
             write_outboxes(outbox for obj in objs for outbox in obj.outboxes_for_update())
         return count
 

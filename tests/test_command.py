@@ -1,0 +1,57 @@
+"""manage.py drain_outboxes: summary, filters, and the exit status of failures."""
+
+import io
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from outbox.models import RegionOutbox
+from tests.conftest import committing
+from tests.factories import ControlOutboxFactory, RegionOutboxFactory
+
+pytestmark = committing
+
+
+def drain(*args):
+    out = io.StringIO()
+    call_command("drain_outboxes", *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def test_drains_everything_and_prints_a_summary(calls):
+    for n in range(4):
+        RegionOutboxFactory(shard_identifier=n % 2, object_identifier=n)
+    ControlOutboxFactory()
+    output = drain()
+    assert "shards 3, receiver calls 5, rows retired 5" in output
+    assert len(calls.calls) == 5
+
+
+def test_failure_exits_with_status_3(calls):
+    calls.failing = {1}
+    RegionOutboxFactory(shard_identifier=1)
+    with pytest.raises(CommandError, match="1 delivery failure") as raised:
+        drain()
+    assert raised.value.returncode == 3
+    assert RegionOutbox.objects.count() == 1
+
+
+def test_filters_by_table_scope_and_shard(calls):
+    RegionOutboxFactory(shard_identifier=1)
+    RegionOutboxFactory(shard_identifier=2)
+    ControlOutboxFactory()
+    drain("--table", "outbox.ControlOutbox")
+    assert [c.get("region_name") for c in calls.calls] == ["us"]
+    drain("--scope", "ORGANIZATION", "--shard", "2")
+    assert [c["shard_identifier"] for c in calls.calls[1:]] == [2]
+    drain("--scope", "USER")
+    assert len(calls.calls) == 2
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(CommandError, match="Unknown outbox table"):
+        drain("--table", "outbox.Nope")
+    with pytest.raises(CommandError, match="not an outbox table"):
+        drain("--table", "outbox.ShardLease")
+    with pytest.raises(CommandError, match="Unknown scope"):
+        drain("--scope", "NOPE")

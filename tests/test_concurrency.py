@@ -1,0 +1,94 @@
+"""Shard exclusivity with real threads on a server database."""
+
+import threading
+from collections import defaultdict
+
+import pytest
+from django.db import connections, transaction
+
+from outbox import outbox_context
+from outbox.engine import drain_outboxes
+from outbox.models import RegionOutbox, ShardLease
+from tests.conftest import committing, server_database_only
+from tests.factories import RegionOutboxFactory
+from tests.testapp.models import Delivery
+
+pytestmark = [committing, server_database_only, pytest.mark.concurrency]
+
+
+def run_threads(*targets):
+    errors = []
+
+    def wrapped(target):
+        try:
+            target()
+        except BaseException as exc:  # surfaced in the test below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=wrapped, args=(t,)) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads)
+
+
+def drain_until_empty():
+    for _ in range(500):
+        drain_outboxes([RegionOutbox])
+        if not RegionOutbox.objects.exists():
+            return
+    raise AssertionError("backlog did not drain")
+
+
+def assert_no_overlap_and_in_order():
+    by_shard = defaultdict(list)
+    for delivery in Delivery.objects.order_by("started"):
+        by_shard[delivery.shard_identifier].append(delivery)
+    for shard, deliveries in by_shard.items():
+        for previous, current in zip(deliveries, deliveries[1:]):
+            assert current.started >= previous.ended, f"receivers of shard {shard} overlapped"
+        objects = [d.object_identifier for d in deliveries]
+        assert objects == sorted(objects), f"shard {shard} delivered out of order"
+    return by_shard
+
+
+def test_two_drainers_never_run_one_shard_at_once(calls, settings):
+    settings.OUTBOX_BATCH_SHARDS = 3
+    calls.journal = True
+    calls.delay = 0.002
+    for shard in range(12):
+        for n in range(8):
+            RegionOutboxFactory(shard_identifier=shard, object_identifier=shard * 100 + n)
+    run_threads(drain_until_empty, drain_until_empty)
+    by_shard = assert_no_overlap_and_in_order()
+    assert sum(len(d) for d in by_shard.values()) == 96  # each row exactly once
+    assert len({d.thread for d in Delivery.objects.all()}) == 2  # both really worked
+    assert not ShardLease.objects.exists()
+
+
+def test_synchronous_flushes_and_a_drain_deliver_each_row_once(calls):
+    calls.journal = True
+    writing = threading.Event()
+    writing.set()
+
+    def write():
+        try:
+            for n in range(120):
+                with outbox_context(transaction.atomic()):
+                    RegionOutboxFactory(shard_identifier=n % 4, object_identifier=n)
+        finally:
+            writing.clear()
+
+    def drain():
+        while writing.is_set():
+            drain_outboxes([RegionOutbox])
+        drain_until_empty()
+
+    run_threads(write, drain)
+    by_shard = assert_no_overlap_and_in_order()
+    delivered = sorted(d.object_identifier for ds in by_shard.values() for d in ds)
+    assert delivered == list(range(120))

@@ -1,0 +1,66 @@
+"""Producer models emit their outboxes from every write path, validated, without boilerplate."""
+
+import pytest
+from django.db import transaction
+
+from outbox import outbox_context, unique_object_identifier
+from outbox.models import ControlOutbox, RegionOutbox
+from tests.conftest import committing
+from tests.testapp.categories import Category
+from tests.testapp.models import Account, Organization
+
+pytestmark = committing
+
+
+def test_save_and_delete_emit_and_flush(calls):
+    org = Organization.objects.create(name="acme")
+    org.name = "acme 2"
+    org.save()
+    org_id = org.id
+    org.delete()
+    assert calls.payloads() == [{"name": "acme"}, {"name": "acme 2"}, None]
+    assert {c["object_identifier"] for c in calls.calls} == {org_id}
+    assert not RegionOutbox.objects.exists()
+
+
+def test_writes_inside_flush_false_wait_for_the_drain(calls):
+    with outbox_context(flush=False):
+        Organization.objects.create(name="later")
+    assert calls.calls == []
+    assert RegionOutbox.objects.count() == 1
+
+
+def test_bulk_create_bulk_update_and_update_emit_one_row_per_object(calls):
+    with outbox_context(flush=False):
+        orgs = Organization.objects.bulk_create([Organization(name=f"o{i}") for i in range(3)])
+        assert RegionOutbox.objects.count() == 3
+        for org in orgs:
+            org.name = org.name.upper()
+        Organization.objects.bulk_update(orgs, ["name"])
+        assert RegionOutbox.objects.count() == 6
+        Organization.objects.filter(name="O1").update(name="renamed")
+        newest = RegionOutbox.objects.order_by("-id").first()
+        assert newest.payload == {"name": "renamed"}
+        Organization.objects.filter(name="O2").delete()
+        assert RegionOutbox.objects.order_by("-id").first().payload is None
+    assert RegionOutbox.objects.count() == 8
+
+
+def test_failed_model_write_rolls_back_its_outbox(calls):
+    with pytest.raises(ZeroDivisionError), transaction.atomic():
+        Organization.objects.create(name="doomed")
+        1 / 0
+    assert not RegionOutbox.objects.exists() and calls.calls == []
+
+
+def test_control_side_producer_writes_to_its_region(calls):
+    with outbox_context(transaction.atomic(using="control"), flush=False):
+        Account.objects.create(email="a@example.com", region="eu")
+    row = ControlOutbox.objects.get()
+    assert (row.region_name, row.category) == ("eu", Category.USER_UPDATE)
+
+
+def test_unique_object_identifiers_never_coalesce():
+    identifiers = {unique_object_identifier() for _ in range(10_000)}
+    assert len(identifiers) == 10_000
+    assert all(0 < value < 2**63 for value in identifiers)

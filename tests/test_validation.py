@@ -1,0 +1,116 @@
+"""Bad input gives a clear error, leaves the caller's transaction usable, writes nothing."""
+
+import enum
+
+import pytest
+from django.db import transaction
+from django.test import override_settings
+
+from outbox import OutboxCategory, OutboxScope, outbox_context
+from outbox.categories import registry
+from outbox.exceptions import InvalidOutboxMessage, OutboxConfigurationError
+from outbox.models import ControlOutbox, RegionOutbox
+from tests.conftest import committing
+from tests.factories import ControlOutboxFactory, RegionOutboxFactory
+from tests.testapp.categories import Category, Scope
+
+pytestmark = committing
+
+
+class Opaque:
+    pass
+
+
+BAD_REGION_ROWS = [
+    pytest.param({"payload": {1, 2}}, "not JSON-serialisable", id="set"),
+    pytest.param({"payload": b"bytes"}, "not JSON-serialisable", id="bytes"),
+    pytest.param({"payload": {"x": Opaque()}}, "not JSON-serialisable", id="object"),
+    pytest.param({"payload": {"x": float("nan")}}, "not JSON-serialisable", id="nan"),
+    pytest.param({"payload": [float("inf")]}, "not JSON-serialisable", id="infinity"),
+    pytest.param(
+        {"category": Category.USER_UPDATE},
+        "Category.USER_UPDATE belongs to scope Scope.USER, not to Scope.ORGANIZATION",
+        id="category-outside-scope",
+    ),
+    pytest.param({"category": 999}, "Unknown category 999", id="unknown-category"),
+    pytest.param({"shard_scope": 77}, "Unknown shard_scope 77", id="unknown-scope"),
+    pytest.param({"shard_identifier": 2**63}, "does not fit", id="identifier-too-big"),
+    pytest.param({"object_identifier": -(2**63) - 1}, "does not fit", id="identifier-too-small"),
+    pytest.param({"object_identifier": "12"}, "must be an integer", id="identifier-not-int"),
+]
+
+
+@pytest.mark.parametrize(("fields", "message"), BAD_REGION_ROWS)
+def test_bad_row_is_refused_and_the_transaction_stays_usable(fields, message):
+    with outbox_context(transaction.atomic()):
+        with pytest.raises(InvalidOutboxMessage, match=message):
+            RegionOutboxFactory(**fields)
+        RegionOutboxFactory(shard_identifier=99, payload={"still": "usable"})
+        transaction.set_rollback(True)  # keep the flush out of this test
+    assert not RegionOutbox.objects.exists()
+    with outbox_context(transaction.atomic(), flush=False):
+        with pytest.raises(InvalidOutboxMessage, match=message):
+            RegionOutboxFactory(**fields)
+        RegionOutboxFactory(shard_identifier=99)
+    assert list(RegionOutbox.objects.values_list("shard_identifier", flat=True)) == [99]
+
+
+@pytest.mark.parametrize("region_name", [None, "", "   "])
+def test_control_row_needs_a_region(region_name):
+    with pytest.raises(InvalidOutboxMessage, match="region_name"):
+        ControlOutboxFactory(region_name=region_name)
+    assert not ControlOutbox.objects.exists()
+
+
+@override_settings(OUTBOX_MAX_PAYLOAD_BYTES=100)
+def test_payload_over_the_size_limit():
+    with pytest.raises(InvalidOutboxMessage, match="over OUTBOX_MAX_PAYLOAD_BYTES=100"):
+        RegionOutboxFactory(payload={"text": "x" * 200})
+    RegionOutboxFactory(payload={"text": "x" * 50})
+    assert RegionOutbox.objects.count() == 1
+
+
+def test_bulk_create_validates_every_row_and_writes_none_on_error():
+    rows = [RegionOutboxFactory.build(), RegionOutboxFactory.build(payload={1})]
+    with pytest.raises(InvalidOutboxMessage):
+        RegionOutbox.objects.bulk_create(rows)
+    assert not RegionOutbox.objects.exists()
+
+
+@pytest.fixture
+def scratch_registry():
+    """Undo registrations made by a test's own enums."""
+    saved = (dict(registry.scopes), dict(registry.categories), dict(registry._scope_of))
+    yield
+    registry.scopes, registry.categories, registry._scope_of = saved
+
+
+@pytest.mark.usefixtures("scratch_registry")
+def test_category_in_two_scopes_fails_at_import_naming_both():
+    class Extra(OutboxCategory):
+        SHARED = 901
+
+    with pytest.raises(OutboxConfigurationError, match=r"Extra.SHARED .*Left.A and Right.B"):
+
+        class Left(OutboxScope):
+            A = 900, {Extra.SHARED}
+
+        class Right(OutboxScope):
+            B = 901, {Extra.SHARED}
+
+
+@pytest.mark.usefixtures("scratch_registry")
+def test_scope_must_list_category_members():
+    class NotACategory(enum.IntEnum):
+        X = 950
+
+    with pytest.raises(OutboxConfigurationError, match="not an OutboxCategory"):
+
+        class Bad(OutboxScope):
+            C = 950, {NotACategory.X}
+
+
+def test_scope_lookup_by_name_and_value():
+    assert registry.scope_by_name("organization") is Scope.ORGANIZATION
+    assert registry.scope_by_name("1") is Scope.USER
+    assert Category.USER_UPDATE.scope is Scope.USER
