@@ -17,6 +17,8 @@ Category members are the ``sender`` of the process signals.
 from __future__ import annotations
 
 import enum
+import itertools
+import os
 import secrets
 import time
 from collections.abc import Iterable
@@ -145,11 +147,21 @@ def unique_object_identifier() -> int:
     """Return an object_identifier that no other message will share, so it never coalesces.
 
     Milliseconds since 2024 in the high bits keep the values roughly time-ordered (and
-    positive, fitting a signed 64-bit column until 2093); 22 random bits make two calls
-    in the same millisecond collide with odds of 1 in 4M.
+    positive, fitting a signed 64-bit column until 2093). The low 22 bits are a counter
+    of this process starting at a random point (re-drawn in forked children), so one
+    process never repeats itself and two processes collide only if they hit the same
+    millisecond and the same counter value.
     """
     millis = time.time_ns() // 1_000_000 - _EPOCH_2024_MS
-    return millis << 22 | secrets.randbits(22)
+    return millis << 22 | next(_counter) & _LOW_MASK
+
+
+def _reseed_counter() -> None:
+    global _counter
+    _counter = itertools.count(secrets.randbits(22))
 
 
 _EPOCH_2024_MS = 1_704_067_200_000
+_LOW_MASK = (1 << 22) - 1
+_counter = itertools.count(secrets.randbits(22))
+os.register_at_fork(after_in_child=_reseed_counter)
