@@ -22,7 +22,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from outbox.exceptions import InvalidOutboxMessage, OutboxConfigurationError
 
@@ -45,7 +45,7 @@ class _ScopeMeta(enum.EnumMeta):
     def __new__(mcls, *args: Any, **kwargs: Any) -> Any:
         cls = super().__new__(mcls, *args, **kwargs)
         if cls.__members__:
-            registry.add_scopes(cls)
+            registry.add_scopes(cast("type[OutboxScope]", cls))
         return cls
 
 

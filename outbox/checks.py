@@ -12,7 +12,9 @@ from outbox.categories import registry
 
 
 @register(Tags.signals)
-def check_receivers(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+def check_receivers(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
     """outbox.E001: every declared category needs a receiver, or its messages pile up."""
     from outbox.engine import outbox_models
 

@@ -42,9 +42,7 @@ SETTINGS: dict[str, Setting] = {
         "Re-raise errors of the synchronous flush after commit instead of logging them "
         "and leaving the rows to the drain. Meant for tests.",
     ),
-    "REQUIRE_CONTEXT": Setting(
-        False, "Refuse to save outbox rows outside any `outbox_context`."
-    ),
+    "REQUIRE_CONTEXT": Setting(False, "Refuse to save outbox rows outside any `outbox_context`."),
     "MAX_PAYLOAD_BYTES": Setting(
         1_000_000, "Largest accepted payload, measured as its JSON encoding in UTF-8."
     ),

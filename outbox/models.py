@@ -71,6 +71,12 @@ class OutboxBase(models.Model):
     def __str__(self) -> str:
         return f"{type(self).__name__} #{self.pk} shard {self.shard_key} category {self.category}"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.validate_message()
+        context.require_context()
+        super().save(*args, **kwargs)
+        context.record_writes(self._state.db or "default", [self])
+
     @property
     def shard_key(self) -> ShardKey:
         return ShardKey(
@@ -85,8 +91,10 @@ class OutboxBase(models.Model):
     @classmethod
     def shard_key_of(cls, values: Sequence[Any]) -> ShardKey:
         """Build a key from the values of `shard_fields`, in that order."""
-        named = dict(zip(cls.shard_fields, values))
-        return ShardKey(named.get("region_name", ""), named["shard_scope"], named["shard_identifier"])
+        named = dict(zip(cls.shard_fields, values, strict=True))
+        return ShardKey(
+            named.get("region_name", ""), named["shard_scope"], named["shard_identifier"]
+        )
 
     def validate_message(self) -> None:
         """Raise InvalidOutboxMessage if this row must not be written."""
@@ -99,12 +107,6 @@ class OutboxBase(models.Model):
             "shard_scope": self.shard_scope,
             "payload": self.payload,
         }
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        self.validate_message()
-        context.require_context()
-        super().save(*args, **kwargs)
-        context.record_writes(self._state.db or "default", [self])
 
 
 class RegionOutbox(OutboxBase):
@@ -163,7 +165,8 @@ class ShardLease(models.Model):
     region_name = models.CharField(max_length=48, blank=True, default="")
     shard_scope = models.IntegerField()
     shard_identifier = models.BigIntegerField()
-    token = models.CharField(max_length=32, null=True, blank=True)
+    # NULL, not "": a backing-off shard has no holder, and "" could pass for a token.
+    token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
     expires_at = models.DateTimeField()
     holder = models.CharField(max_length=128, blank=True, default="")
     claimed_at = models.DateTimeField(db_default=Now())

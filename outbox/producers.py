@@ -48,7 +48,7 @@ class OutboxProducerQuerySet(models.QuerySet[_Model]):
         with _producing(self.db):
             # Django's bulk_update calls update(); a plain queryset keeps that from
             # emitting a second time.
-            plain = models.QuerySet(self.model, using=self.db)
+            plain: models.QuerySet[_Model] = models.QuerySet(self.model, using=self.db)
             count = plain.bulk_update(objs, *args, **kwargs)
             write_outboxes(outbox for obj in objs for outbox in obj.outboxes_for_update())
         return count
@@ -64,7 +64,9 @@ class OutboxProducerQuerySet(models.QuerySet[_Model]):
 
     def delete(self) -> tuple[int, dict[str, int]]:
         with _producing(self.db):
-            outboxes = [outbox for obj in self.select_for_update() for outbox in obj.outboxes_for_delete()]
+            outboxes = [
+                outbox for obj in self.select_for_update() for outbox in obj.outboxes_for_delete()
+            ]
             result = super().delete()
             write_outboxes(outboxes)
         return result
@@ -77,14 +79,6 @@ class OutboxProducer(models.Model):
 
     class Meta:
         abstract = True
-
-    def outboxes_for_update(self) -> list[OutboxBase]:
-        """The messages announcing this object's current state."""
-        raise NotImplementedError(f"{type(self).__name__} must implement outboxes_for_update()")
-
-    def outboxes_for_delete(self) -> list[OutboxBase]:
-        """The messages announcing this object's deletion (by default, as an update)."""
-        return self.outboxes_for_update()
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
@@ -99,3 +93,11 @@ class OutboxProducer(models.Model):
             result = super().delete(using=using, keep_parents=keep_parents)
             write_outboxes(outboxes)
         return result
+
+    def outboxes_for_update(self) -> list[OutboxBase]:
+        """The messages announcing this object's current state."""
+        raise NotImplementedError(f"{type(self).__name__} must implement outboxes_for_update()")
+
+    def outboxes_for_delete(self) -> list[OutboxBase]:
+        """The messages announcing this object's deletion (by default, as an update)."""
+        return self.outboxes_for_update()

@@ -1,5 +1,6 @@
 """Shard exclusivity with real threads on a server database."""
 
+import itertools
 import threading
 from collections import defaultdict
 
@@ -49,7 +50,7 @@ def assert_no_overlap_and_in_order():
     for delivery in Delivery.objects.order_by("started"):
         by_shard[delivery.shard_identifier].append(delivery)
     for shard, deliveries in by_shard.items():
-        for previous, current in zip(deliveries, deliveries[1:]):
+        for previous, current in itertools.pairwise(deliveries):
             assert current.started >= previous.ended, f"receivers of shard {shard} overlapped"
         objects = [d.object_identifier for d in deliveries]
         assert objects == sorted(objects), f"shard {shard} delivered out of order"

@@ -114,7 +114,9 @@ class OutboxBackend(ABC):
         """Give up the lease on `shards` (only where it is still ours)."""
 
 
-def coalesce(model: type[OutboxBase], rows: Sequence[Sequence[int | str]]) -> dict[ShardKey, list[Group]]:
+def coalesce(
+    model: type[OutboxBase], rows: Sequence[Sequence[int | str]]
+) -> dict[ShardKey, list[Group]]:
     """Group rows read in id order into coalescing groups, per shard.
 
     Each row is the `shard_fields` values followed by id, category, object_identifier

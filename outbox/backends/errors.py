@@ -30,5 +30,4 @@ def _is_lock_error(exc: BaseException) -> bool:
     if isinstance(sqlite_code, int) and sqlite_code & 0xFF in _SQLITE_CODES:
         return True
     module = type(exc).__module__
-    args = getattr(exc, "args", ())
-    return module.startswith("MySQLdb") and bool(args) and args[0] in _MYSQL_ERRNOS
+    return module.startswith("MySQLdb") and bool(exc.args) and exc.args[0] in _MYSQL_ERRNOS

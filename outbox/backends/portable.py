@@ -12,7 +12,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from functools import reduce
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import (
     Case,
@@ -35,7 +35,7 @@ from outbox.models import OutboxBase, ShardLease
 from outbox.shards import ShardKey
 
 
-def db_now_plus(seconds: float) -> ExpressionWrapper:
+def db_now_plus(seconds: float) -> ExpressionWrapper[Any]:
     """The database clock plus a delay, as an expression."""
     return ExpressionWrapper(
         Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField()
@@ -57,10 +57,11 @@ def lease_key(key: ShardKey) -> Q:
 
 class PortableBackend(OutboxBackend):
     def leases(self, model: type[OutboxBase]) -> QuerySet[ShardLease]:
-        return ShardLease.objects.using(self.using).filter(outbox=model._meta.label_lower)
+        label: str = model._meta.label_lower
+        return ShardLease.objects.using(self.using).filter(outbox=label)
 
     def rows(self, model: type[OutboxBase]) -> QuerySet[Any]:
-        return model._default_manager.using(self.using)
+        return cast("QuerySet[Any]", model._default_manager.using(self.using))
 
     def lease_of_row(self, model: type[OutboxBase]) -> dict[str, Any]:
         """Lookups matching a lease row to the outer outbox row's shard."""
@@ -130,8 +131,10 @@ class PortableBackend(OutboxBackend):
         }
 
     def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
-        renewed = self.leases(model).filter(token=lease.token).update(
-            expires_at=db_now_plus(lease.seconds)
+        renewed = (
+            self.leases(model)
+            .filter(token=lease.token)
+            .update(expires_at=db_now_plus(lease.seconds))
         )
         if renewed == len(lease.shards):
             return set(lease.shards)
@@ -191,7 +194,10 @@ class PortableBackend(OutboxBackend):
             output_field=DateTimeField(),
         )
         error = Case(
-            *[When(id__in=list(failure.row_delays), then=Value(failure.error)) for failure in failures],
+            *[
+                When(id__in=list(failure.row_delays), then=Value(failure.error))
+                for failure in failures
+            ],
             default=F("last_error"),
             output_field=TextField(),
         )
@@ -208,7 +214,10 @@ class PortableBackend(OutboxBackend):
         # Keep the lease row, without a holder, until the shard may be retried: the
         # shard stays blocked (its later groups wait) for the back-off of its head.
         backoff = Case(
-            *[When(lease_key(failure.shard), then=db_now_plus(failure.block_seconds)) for failure in failures],
+            *[
+                When(lease_key(failure.shard), then=db_now_plus(failure.block_seconds))
+                for failure in failures
+            ],
             output_field=DateTimeField(),
         )
         self.leases(model).filter(token=lease.token).filter(

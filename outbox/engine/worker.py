@@ -15,8 +15,9 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from django.db import connections
 
@@ -35,6 +36,7 @@ from outbox.shards import ShardKey
 logger = logging.getLogger("outbox.engine")
 
 _ERROR_LIMIT = 4000
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -115,7 +117,9 @@ class Drainer:
                 f"{self.using!r}: leases must commit on their own. Drain after commit."
             )
 
-    def _work(self, shards: list[ShardKey], bounds: Mapping[ShardKey, int | None] | None) -> DrainStats:
+    def _work(
+        self, shards: list[ShardKey], bounds: Mapping[ShardKey, int | None] | None
+    ) -> DrainStats:
         stats = DrainStats()
         lease = Lease(uuid.uuid4().hex, self.holder, float(outbox_settings.LEASE_SECONDS))
         self._retrying(lambda: self.backend.claim(self.model, shards, lease))
@@ -191,7 +195,9 @@ class Drainer:
             round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
         return True
 
-    def _retire_now(self, lease: Lease, row_ids: dict[ShardKey, list[int]], round_: _Round) -> set[ShardKey]:
+    def _retire_now(
+        self, lease: Lease, row_ids: dict[ShardKey, list[int]], round_: _Round
+    ) -> set[ShardKey]:
         deleted, lost = self.backend.retire(self.model, lease, row_ids)
         if not lost:
             round_.retired_inline += deleted
@@ -201,7 +207,7 @@ class Drainer:
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:_ERROR_LIMIT]
         delays = {
             row_id: retry_delay(attempts + 1)
-            for row_id, attempts in zip(group.row_ids, group.attempts)
+            for row_id, attempts in zip(group.row_ids, group.attempts, strict=True)
         }
         logger.warning(
             "outbox receiver failed for shard %s category %s object %s: %s",
@@ -227,7 +233,11 @@ class Drainer:
             logger.warning(
                 "outbox lease lost on shard %s before its delete; it will be redelivered",
                 key,
-                extra={"event": "outbox.lease_lost", "outbox": self.model._meta.label, "shard": str(key)},
+                extra={
+                    "event": "outbox.lease_lost",
+                    "outbox": self.model._meta.label,
+                    "shard": str(key),
+                },
             )
         round_.lost.update(lost)
         failures = [failure for failure in round_.failures if failure.shard not in lost]
@@ -246,7 +256,7 @@ class Drainer:
         lease.shards = [key for key in lease.shards if key not in released]
 
     @staticmethod
-    def _retrying(operation):  # type: ignore[no-untyped-def]
+    def _retrying(operation: Callable[[], _T]) -> _T:
         """Run a short engine statement, retrying deadlocks and lock timeouts."""
         for attempt in range(5):
             try:

@@ -55,8 +55,14 @@ class Delivery(models.Model):
     started = models.FloatField(default=0.0)
     ended = models.FloatField(default=0.0)
 
+    def __str__(self) -> str:
+        return f"shard {self.shard_identifier} object {self.object_identifier}"
+
 
 class Ledger(models.Model):
     """Written by a transactional receiver: exactly once per delivered message."""
 
     entry = models.BigIntegerField(unique=True)
+
+    def __str__(self) -> str:
+        return f"ledger entry {self.entry}"

@@ -29,23 +29,33 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--loop", action="store_true", help="Keep draining until stopped.")
         parser.add_argument(
-            "--table", action="append", default=[], metavar="APP_LABEL.MODEL",
+            "--table",
+            action="append",
+            default=[],
+            metavar="APP_LABEL.MODEL",
             help="Only this outbox table (repeatable), e.g. outbox.RegionOutbox.",
         )
         parser.add_argument(
-            "--scope", action="append", default=[], metavar="SCOPE",
+            "--scope",
+            action="append",
+            default=[],
+            metavar="SCOPE",
             help="Only this shard scope, by name or value (repeatable).",
         )
         parser.add_argument(
-            "--shard", action="append", default=[], type=int, metavar="ID",
+            "--shard",
+            action="append",
+            default=[],
+            type=int,
+            metavar="ID",
             help="Only this shard_identifier (repeatable).",
         )
         parser.add_argument("--database", default=None, help="Database alias to drain.")
+        parser.add_argument("--max-seconds", type=float, default=None, help="Stop after this long.")
         parser.add_argument(
-            "--max-seconds", type=float, default=None, help="Stop after this long."
-        )
-        parser.add_argument(
-            "--progress-every", type=float, default=5.0,
+            "--progress-every",
+            type=float,
+            default=5.0,
             help="Seconds between progress lines (0 turns them off).",
         )
 
@@ -71,7 +81,10 @@ class Command(BaseCommand):
             )
 
     def _drain(
-        self, tables: list[type[OutboxBase]], scopes: list[int], stop: threading.Event,
+        self,
+        tables: list[type[OutboxBase]],
+        scopes: list[int],
+        stop: threading.Event,
         options: dict[str, Any],
     ) -> DrainStats:
         started = time.monotonic()
@@ -84,8 +97,12 @@ class Command(BaseCommand):
             if deadline is not None:
                 slice_end = min(slice_end or deadline, deadline)
             stats = drain_outboxes(
-                tables, using=options["database"], scopes=scopes or None,
-                identifiers=options["shard"] or None, deadline=slice_end, stop=stop,
+                tables,
+                using=options["database"],
+                scopes=scopes or None,
+                identifiers=options["shard"] or None,
+                deadline=slice_end,
+                stop=stop,
             )
             total.add(stats)
             now = time.monotonic()
@@ -126,7 +143,9 @@ class Command(BaseCommand):
             return {}
 
         def request_stop(signum: int, frame: Any) -> None:
-            self.stderr.write(f"drain_outboxes: signal {signum}, stopping after the current receiver")
+            self.stderr.write(
+                f"drain_outboxes: signal {signum}, stopping after the current receiver"
+            )
             stop.set()
 
         return {
