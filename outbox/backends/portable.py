@@ -57,8 +57,8 @@ def lease_key(key: ShardKey) -> Q:
 
 class PortableBackend(OutboxBackend):
     def leases(self, model: type[OutboxBase]) -> QuerySet[ShardLease]:
-        label: str = model._meta.label_lower
-        return ShardLease.objects.using(self.using).filter(outbox=label)
+        leases = ShardLease._default_manager.using(self.using)
+        return cast("QuerySet[ShardLease]", leases.filter(outbox=model._meta.label_lower))
 
     def rows(self, model: type[OutboxBase]) -> QuerySet[Any]:
         return cast("QuerySet[Any]", model._default_manager.using(self.using))
