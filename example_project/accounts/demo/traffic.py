@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.db import transaction
+from django.db.models import Model
 
 from accounts.models import REGIONS, AuditLogEntry, Organization, Project, UserAccount
 from outbox import outbox_context
@@ -55,6 +56,11 @@ class Names:
 
     def person(self) -> str:
         return f"{self.rng.choice(FIRST)} {self.rng.choice(LAST)}"
+
+
+def all_ids(model: type[Model]) -> list[int]:
+    """All ids of a model in id order, so a seed picks the same objects on every database."""
+    return list(model._default_manager.order_by("id").values_list("id", flat=True))
 
 
 def pending_rows() -> int:
@@ -107,8 +113,8 @@ def create_population(orgs: int, rng: random.Random, tally: Tally) -> None:
 def delete_some(rng: random.Random, tally: Tally) -> None:
     """Delete ~2% of projects with one queryset delete, and ~1% of organizations one by one
     (their projects go with them by cascade, and the receivers drop their mirrors)."""
-    project_ids = list(Project.objects.values_list("id", flat=True))
-    org_ids = list(Organization.objects.values_list("id", flat=True))
+    project_ids = all_ids(Project)
+    org_ids = all_ids(Organization)
     with outbox_context(flush=False):
         doomed = rng.sample(project_ids, k=max(1, len(project_ids) // 50))
         _, per_model = Project.objects.filter(id__in=doomed).delete()
@@ -130,8 +136,8 @@ def roll_back_requests(rng: random.Random, tally: Tally) -> None:
     None of their outbox rows may survive, and no flush may deliver them; the rows left
     behind are counted in `tally.rollback_leftovers`, which must stay 0.
     """
-    org_ids = rng.sample(list(Organization.objects.values_list("id", flat=True)), k=2)
-    user_id = rng.choice(list(UserAccount.objects.values_list("id", flat=True)))
+    org_ids = rng.sample(all_ids(Organization), k=2)
+    user_id = rng.choice(all_ids(UserAccount))
     tally.rolled_back_ids.extend(org_ids)
     before = pending_rows()
     try:  # A synchronous-flush request that fails: nothing is written, nothing flushed.

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import CharField, F, Value
 from django.db.models.functions import Cast, Concat
 
-from accounts.demo.traffic import Names, Tally, request
+from accounts.demo.traffic import Names, Tally, all_ids, request
 from accounts.models import REGIONS, AuditLogEntry, Organization, Project, UserAccount
 from outbox import outbox_context
 
@@ -45,9 +45,9 @@ class UpdateMix:
         self.rng = rng
         self.tally = tally
         self.names = Names(rng)
-        self.orgs = HotPicker(list(Organization.objects.values_list("id", flat=True)), rng)
-        self.projects = HotPicker(list(Project.objects.values_list("id", flat=True)), rng)
-        self.users = HotPicker(list(UserAccount.objects.values_list("id", flat=True)), rng)
+        self.orgs = HotPicker(all_ids(Organization), rng)
+        self.projects = HotPicker(all_ids(Project), rng)
+        self.users = HotPicker(all_ids(UserAccount), rng)
 
     def run(self, budget: int) -> None:
         """Change objects until `budget` changes were made (each writes one outbox row)."""
@@ -110,7 +110,7 @@ class UpdateMix:
     def bulk_edit_projects(self, limit: int) -> int:
         ids = self.projects.pick(min(self.rng.randint(20, 50), limit))
         with outbox_context(flush=False):
-            projects = list(Project.objects.filter(id__in=ids))
+            projects = list(Project.objects.filter(id__in=ids).order_by("id"))
             for project in projects:
                 project.name = self.names.project()
                 project.version += 1
@@ -121,7 +121,7 @@ class UpdateMix:
     def bulk_edit_users(self, limit: int) -> int:
         ids = self.users.pick(min(self.rng.randint(10, 40), limit))
         with outbox_context(flush=False):
-            users = list(UserAccount.objects.filter(id__in=ids))
+            users = list(UserAccount.objects.filter(id__in=ids).order_by("id"))
             for user in users:
                 user.name = self.names.person()
                 user.version += 1
@@ -148,7 +148,9 @@ class UpdateMix:
     def archive_projects(self, limit: int) -> int:
         org_ids = self.orgs.pick(self.rng.randint(1, 3))
         ids = list(
-            Project.objects.filter(organization_id__in=org_ids).values_list("id", flat=True)[:limit]
+            Project.objects.filter(organization_id__in=org_ids)
+            .order_by("id")
+            .values_list("id", flat=True)[:limit]
         )
         status = self.rng.choice(Project.Status.values)
         with outbox_context(flush=False):
