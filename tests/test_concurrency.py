@@ -2,6 +2,7 @@
 
 import itertools
 import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -93,3 +94,49 @@ def test_synchronous_flushes_and_a_drain_deliver_each_row_once(calls):
     by_shard = assert_no_overlap_and_in_order()
     delivered = sorted(d.object_identifier for ds in by_shard.values() for d in ds)
     assert delivered == list(range(120))
+
+
+def test_slow_receiver_keeps_its_lease_alive(calls, settings):
+    settings.OUTBOX_LEASE_SECONDS = 1.5
+    RegionOutboxFactory(shard_identifier=1, object_identifier=1, payload={"v": "slow"})
+    started = threading.Event()
+    other_worker = {}
+
+    def slow_first_call(sender, kwargs):
+        if kwargs["payload"] == {"v": "slow"}:
+            started.set()
+            time.sleep(3.0)  # two lease lengths
+
+    def other():
+        started.wait(10)
+        time.sleep(2.0)  # past the original expiry
+        other_worker["stats"] = drain_outboxes([RegionOutbox])
+
+    calls.during_call = slow_first_call
+    run_threads(lambda: drain_outboxes([RegionOutbox]), other)
+    assert other_worker["stats"].shards == 0
+    assert calls.payloads() == [{"v": "slow"}]
+    assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()
+
+
+def test_hung_receiver_loses_its_shard_after_the_deadline(calls, settings):
+    settings.OUTBOX_LEASE_SECONDS = 1.0
+    settings.OUTBOX_RECEIVER_DEADLINE_SECONDS = 0.2
+    RegionOutboxFactory(shard_identifier=1, payload={"v": "hangs"})
+    started = threading.Event()
+    taken_over = {}
+
+    def hang_once(sender, kwargs):
+        if not started.is_set():
+            started.set()
+            time.sleep(2.5)
+
+    def other():
+        started.wait(10)
+        time.sleep(1.5)  # the lease, no longer renewed, has expired
+        taken_over["stats"] = drain_outboxes([RegionOutbox])
+
+    calls.during_call = hang_once
+    run_threads(lambda: drain_outboxes([RegionOutbox]), other)
+    assert taken_over["stats"].shards == 1
+    assert taken_over["stats"].receiver_calls == 1

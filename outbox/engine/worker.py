@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from django.db import connections
+from django.db import connections, router
 
 from outbox.backends import get_backend
 from outbox.backends.base import FailedGroup, Group, Lease, Window
@@ -29,7 +29,7 @@ from outbox.engine import delivery
 from outbox.engine.backoff import retry_delay
 from outbox.engine.keeper import Holding, LeaseKeeper
 from outbox.engine.stats import DrainStats
-from outbox.exceptions import DrainInTransaction
+from outbox.exceptions import DrainInTransaction, NoReceiver
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
@@ -63,7 +63,7 @@ class Drainer:
         stop: threading.Event | None = None,
     ) -> None:
         self.model = model
-        self.using = using or model._default_manager.db
+        self.using = using or router.db_for_write(model)
         self.backend = get_backend(self.using)
         self.scopes = scopes
         self.identifiers = identifiers
@@ -142,8 +142,9 @@ class Drainer:
                     self._settle(lease, round_, stats)
                 finished = set(round_.lost) | {failure.shard for failure in round_.failures}
                 if not window.full:
+                    # Everything visible was read: the remaining shards are done. (After
+                    # a full window, a shard missing from it may still have newer rows.)
                     finished.update(active)
-                finished.update(key for key in active if key not in window.shards)
                 self._release(lease, [key for key in active if key in finished])
                 active = [key for key in active if key not in finished]
         finally:
@@ -176,7 +177,6 @@ class Drainer:
         lease = holding.lease
         holding.receiver_started = time.monotonic()
         try:
-            round_.receiver_calls += 1
             retired_inline = delivery.send(
                 self.model,
                 group,
@@ -184,13 +184,19 @@ class Drainer:
                 self.using,
             )
         except delivery.LeaseLost:
+            round_.receiver_calls += 1
             round_.lost.add(group.shard)
             return False
+        except NoReceiver as exc:
+            round_.failures.append(self._failure(group, exc))
+            return False
         except Exception as exc:
+            round_.receiver_calls += 1
             round_.failures.append(self._failure(group, exc))
             return False
         finally:
             holding.receiver_started = None
+        round_.receiver_calls += 1
         if not retired_inline:
             round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
         return True
