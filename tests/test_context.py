@@ -164,3 +164,25 @@ def test_strict_mode_refuses_saves_outside_a_context():
     with outbox_context(flush=False):
         RegionOutboxFactory()
     assert RegionOutbox.objects.count() == 1
+
+
+def test_contexts_are_private_to_each_asyncio_task():
+    import asyncio
+
+    async def inside_context(entered, release):
+        with outbox_context(flush=False):
+            entered.set()
+            await release.wait()
+            return _current.get().flush
+
+    async def outside(entered, release):
+        await entered.wait()
+        frame = _current.get()
+        release.set()
+        return frame
+
+    async def main():
+        entered, release = asyncio.Event(), asyncio.Event()
+        return await asyncio.gather(inside_context(entered, release), outside(entered, release))
+
+    assert asyncio.run(main()) == [False, None]

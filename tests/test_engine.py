@@ -3,7 +3,8 @@
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from outbox.engine import Drainer, drain_outboxes
@@ -212,11 +213,16 @@ def test_windows_smaller_than_the_backlog_still_drain_everything(calls, settings
 
 
 @pytest.mark.parametrize("groups", [1, 10])
-def test_query_count_does_not_grow_with_groups(groups, django_assert_num_queries):
+def test_query_count_does_not_grow_with_groups(groups):
     for shard in range(3):
         for n in range(groups):
             RegionOutboxFactory(shard_identifier=shard, object_identifier=n)
-    # find due + claim (update; begin, insert, commit; read back) + read window (rows,
-    # payloads) + delete + release + the empty find that ends the drain.
-    with django_assert_num_queries(11):
+    with CaptureQueriesContext(connection) as captured:
         drain_outboxes([RegionOutbox])
+    # Transaction control differs between Django versions (5.2 wraps bulk_create in one).
+    statements = [
+        q["sql"] for q in captured.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")
+    ]
+    # find due + claim (update, insert, read back) + read window (rows, payloads)
+    # + delete + release + the empty find that ends the drain.
+    assert len(statements) == 9, statements
