@@ -13,9 +13,10 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from django.db import models, router, transaction
+from django.db import connections, models, router, transaction
 
 from outbox.context import outbox_context
+from outbox.exceptions import InvalidOutboxMessage
 from outbox.models import OutboxBase
 
 _Model = TypeVar("_Model", bound="OutboxProducer")
@@ -38,8 +39,29 @@ def _producing(using: str) -> Iterator[None]:
 
 class OutboxProducerQuerySet(models.QuerySet[_Model]):
     def bulk_create(self, objs: Iterable[_Model], *args: Any, **kwargs: Any) -> list[_Model]:
+        """Insert in bulk, then emit each object's messages (they need its primary key).
+
+        Where the database cannot return keys from a bulk insert (MySQL), the objects are
+        inserted one by one instead. Conflict handling is refused: the messages would
+        describe rows that were not written.
+        """
+        if kwargs.get("ignore_conflicts") or kwargs.get("update_conflicts"):
+            raise InvalidOutboxMessage(
+                f"{self.model.__name__}.objects.bulk_create() cannot announce rows when "
+                "conflicts are ignored or updated; save those objects one by one."
+            )
+        objs = list(objs)
         with _producing(self.db):
+            if not connections[self.db].features.can_return_rows_from_bulk_insert:
+                for obj in objs:
+                    obj.save(force_insert=True, using=self.db)  # emits its own messages
+                return objs
             created = super().bulk_create(objs, *args, **kwargs)
+            if any(obj.pk is None for obj in created):
+                raise InvalidOutboxMessage(
+                    f"{self.model.__name__}.objects.bulk_create() left objects without a "
+                    "primary key, so their messages cannot be written."
+                )
             write_outboxes(outbox for obj in created for outbox in obj.outboxes_for_update())
         return created
 

@@ -1,9 +1,12 @@
 """Producer models emit their outboxes from every write path, validated, without boilerplate."""
 
+from unittest import mock
+
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from outbox import outbox_context, unique_object_identifier
+from outbox.exceptions import InvalidOutboxMessage
 from outbox.models import ControlOutbox, RegionOutbox
 from tests.conftest import committing
 from tests.testapp.categories import Category
@@ -64,3 +67,25 @@ def test_unique_object_identifiers_never_coalesce():
     identifiers = {unique_object_identifier() for _ in range(10_000)}
     assert len(identifiers) == 10_000
     assert all(0 < value < 2**63 for value in identifiers)
+
+
+def test_bulk_create_without_returned_keys_inserts_one_by_one(calls):
+    # As on MySQL, whose bulk INSERT returns no keys.
+    features = type(connection.features)
+    with (
+        mock.patch.object(features, "can_return_rows_from_bulk_insert", False),
+        outbox_context(flush=False),
+    ):
+        orgs = Organization.objects.bulk_create([Organization(name=f"o{i}") for i in range(3)])
+    assert all(org.pk for org in orgs)
+    assert sorted(RegionOutbox.objects.values_list("object_identifier", flat=True)) == sorted(
+        org.pk for org in orgs
+    )
+
+
+def test_bulk_create_refuses_rows_it_cannot_announce(calls):
+    Organization.objects.create(name="taken", id=1)
+    with pytest.raises(InvalidOutboxMessage, match="conflicts are ignored"):
+        Organization.objects.bulk_create([Organization(id=1, name="dup")], ignore_conflicts=True)
+    assert calls.payloads() == [{"name": "taken"}]
+    assert not RegionOutbox.objects.exists()

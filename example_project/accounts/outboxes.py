@@ -17,9 +17,12 @@ class Category(OutboxCategory):
 
 
 class Scope(OutboxScope):
-    ORGANIZATION = 0, {
-        Category.ORGANIZATION_UPDATE,
-        Category.PROJECT_UPDATE,
-        Category.AUDIT_LOG_EVENT,
-    }
+    ORGANIZATION = (
+        0,
+        {
+            Category.ORGANIZATION_UPDATE,
+            Category.PROJECT_UPDATE,
+            Category.AUDIT_LOG_EVENT,
+        },
+    )
     USER = 1, {Category.USER_UPDATE}

@@ -20,7 +20,9 @@ AUDIT_SINK = "audit-sink"
 Payload = dict[str, Any] | None
 
 
-def sync_organization(sender: Category, object_identifier: int, payload: Payload, **kwargs: Any) -> None:
+def sync_organization(
+    sender: Category, object_identifier: int, payload: Payload, **kwargs: Any
+) -> None:
     """Upsert (or delete, with its projects) the control silo's copy of an organization."""
     if payload is None:
         OrganizationMirror.objects.filter(id=object_identifier).delete()
@@ -28,7 +30,9 @@ def sync_organization(sender: Category, object_identifier: int, payload: Payload
     OrganizationMirror.objects.update_or_create(id=object_identifier, defaults=payload)
 
 
-def notify_billing(sender: Category, object_identifier: int, payload: Payload, **kwargs: Any) -> None:
+def notify_billing(
+    sender: Category, object_identifier: int, payload: Payload, **kwargs: Any
+) -> None:
     """Push the organization to billing; raises during an outage, and is retried.
 
     It runs after `sync_organization`, so a retry upserts the mirror again: harmless.
@@ -74,13 +78,17 @@ def connect_receivers() -> None:
     """Connect every receiver (idempotent: dispatch_uid guards against double connects)."""
     region = process_region_outbox
     # Receivers of one category run in connection order: mirror first, then billing.
-    region.connect(sync_organization, sender=Category.ORGANIZATION_UPDATE, dispatch_uid="accounts.org")
-    region.connect(notify_billing, sender=Category.ORGANIZATION_UPDATE, dispatch_uid="accounts.billing")
+    region.connect(
+        sync_organization, sender=Category.ORGANIZATION_UPDATE, dispatch_uid="accounts.org"
+    )
+    region.connect(
+        notify_billing, sender=Category.ORGANIZATION_UPDATE, dispatch_uid="accounts.billing"
+    )
     region.connect(sync_project, sender=Category.PROJECT_UPDATE, dispatch_uid="accounts.project")
     # The audit sink lives on the outbox's own database ("default"): exactly-once export.
-    transactional_receiver(
-        region, sender=Category.AUDIT_LOG_EVENT, dispatch_uid="accounts.audit"
-    )(export_audit_event)
+    transactional_receiver(region, sender=Category.AUDIT_LOG_EVENT, dispatch_uid="accounts.audit")(
+        export_audit_event
+    )
     process_control_outbox.connect(
         replicate_user, sender=Category.USER_UPDATE, dispatch_uid="accounts.user"
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 class DrainStats:
     shards: int = 0
     receiver_calls: int = 0
+    groups_delivered: int = 0
     rows_retired: int = 0
     failures: int = 0
     leases_lost: int = 0
@@ -17,8 +18,8 @@ class DrainStats:
 
     @property
     def coalesced(self) -> int:
-        """Rows retired without a receiver call of their own."""
-        return max(self.rows_retired - self.receiver_calls, 0)
+        """Rows retired without a receiver call of their own (older rows of a group)."""
+        return max(self.rows_retired - self.groups_delivered, 0)
 
     def add(self, other: DrainStats) -> None:
         for item in fields(self):

@@ -47,6 +47,7 @@ class _Round:
     failures: list[FailedGroup] = field(default_factory=list)
     lost: set[ShardKey] = field(default_factory=set)
     receiver_calls: int = 0
+    groups_delivered: int = 0
     retired_inline: int = 0
 
 
@@ -197,6 +198,7 @@ class Drainer:
         finally:
             holding.receiver_started = None
         round_.receiver_calls += 1
+        round_.groups_delivered += 1
         if not retired_inline:
             round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
         return True
@@ -249,6 +251,7 @@ class Drainer:
         failures = [failure for failure in round_.failures if failure.shard not in lost]
         self._retrying(lambda: self.backend.reschedule(self.model, lease, failures))
         stats.receiver_calls += round_.receiver_calls
+        stats.groups_delivered += round_.groups_delivered
         stats.rows_retired += deleted + round_.retired_inline
         stats.failures += len(round_.failures)
         stats.leases_lost += len(round_.lost)

@@ -24,7 +24,12 @@ def wipe_demo_tables() -> None:
     Ids restart from 1, so a run with the same --seed picks the same objects. Other
     tables (users of the admin, sessions) are left alone.
     """
-    models = [*apps.get_app_config("accounts").get_models(), RegionOutbox, ControlOutbox, ShardLease]
+    models = [
+        *apps.get_app_config("accounts").get_models(),
+        RegionOutbox,
+        ControlOutbox,
+        ShardLease,
+    ]
     tables = [model._meta.db_table for model in models]
     for alias in DATABASES:
         ops = connections[alias].ops

@@ -50,7 +50,7 @@ class UpdateMix:
         self.users = HotPicker(all_ids(UserAccount), rng)
 
     def run(self, budget: int) -> None:
-        """Change objects until `budget` changes were made (each writes one outbox row)."""
+        """Change objects until `budget` changes were made (one outbox row per change)."""
         actions: dict[Callable[[int], int], int] = {
             self.rename_organization: 60,
             self.edit_project: 80,
@@ -64,7 +64,7 @@ class UpdateMix:
         choices, weights = list(actions), list(actions.values())
         while self.tally.updates < budget:
             action = self.rng.choices(choices, weights)[0]
-            changed = action(budget - self.tally.updates)
+            changed: int = action(budget - self.tally.updates)
             self.tally.updates += changed
 
     def _sync(self) -> bool:
@@ -135,11 +135,13 @@ class UpdateMix:
         ids = self.orgs.pick(min(self.rng.randint(5, 15), limit))
         plan = self.rng.choice(Organization.Plan.values)
         with outbox_context(transaction.atomic(using="default"), flush=False):
-            changed = Organization.objects.filter(id__in=ids).update(
+            changed: int = Organization.objects.filter(id__in=ids).update(
                 plan=plan, version=F("version") + 1
             )
             audit = AuditLogEntry.objects.bulk_create(
-                AuditLogEntry(organization_id=org_id, event="organization.plan_changed", data={"plan": plan})
+                AuditLogEntry(
+                    organization_id=org_id, event="organization.plan_changed", data={"plan": plan}
+                )
                 for org_id in ids
             )
         self.tally.written += changed + len(audit)
@@ -154,7 +156,7 @@ class UpdateMix:
         )
         status = self.rng.choice(Project.Status.values)
         with outbox_context(flush=False):
-            changed = Project.objects.filter(id__in=ids).update(
+            changed: int = Project.objects.filter(id__in=ids).update(
                 status=status, version=F("version") + 1
             )
         self.tally.written += changed
@@ -165,7 +167,7 @@ class UpdateMix:
         domain = f"{self.rng.choice(REGIONS)}.example.com"
         email = Concat(Value("user"), Cast("id", CharField()), Value(f"@{domain}"))
         with outbox_context(flush=False):
-            changed = UserAccount.objects.filter(id__in=ids).update(
+            changed: int = UserAccount.objects.filter(id__in=ids).update(
                 email=email, version=F("version") + 1
             )
         self.tally.written += changed

@@ -47,12 +47,17 @@ def compare(what: str, source: State, mirror: State) -> list[str]:
     stale = [key for key in source.keys() & mirror.keys() if source[key] != mirror[key]]
     if not (missing or extra or stale):
         return []
-    example = f"; e.g. {stale[0]}: {mirror[stale[0]]} != {source[stale[0]]}" if stale else ""
+    example = (
+        f"; e.g. {stale[0]}: got {mirror[stale[0]]}, expected {source[stale[0]]}" if stale else ""
+    )
     return [f"{what}: {len(missing)} missing, {len(extra)} extra, {len(stale)} stale{example}"]
 
 
 def check_outboxes_empty() -> list[str]:
-    left = {"RegionOutbox": RegionOutbox.objects.count(), "ControlOutbox": ControlOutbox.objects.count()}
+    left = {
+        "RegionOutbox": RegionOutbox.objects.count(),
+        "ControlOutbox": ControlOutbox.objects.count(),
+    }
     return [f"{table} still holds {count} rows" for table, count in left.items() if count]
 
 
@@ -78,8 +83,10 @@ def check_mirrors() -> list[str]:
 def check_billing() -> list[str]:
     """Billing's last call per organization is its current state (None once deleted)."""
     last: State = {}
-    for object_id, payload in WebhookCall.objects.filter(endpoint=BILLING).order_by("id").values_list(
-        "object_id", "payload"
+    for object_id, payload in (
+        WebhookCall.objects.filter(endpoint=BILLING)
+        .order_by("id")
+        .values_list("object_id", "payload")
     ):
         last[object_id] = payload
     current = {o.id: o.state() for o in Organization.objects.all()}

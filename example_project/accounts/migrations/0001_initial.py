@@ -5,108 +5,167 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='AuditLogEntry',
+            name="AuditLogEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('organization_id', models.BigIntegerField(db_index=True)),
-                ('event', models.CharField(max_length=50)),
-                ('data', models.JSONField(default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("organization_id", models.BigIntegerField(db_index=True)),
+                ("event", models.CharField(max_length=50)),
+                ("data", models.JSONField(default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'verbose_name_plural': 'audit log entries',
+                "verbose_name_plural": "audit log entries",
             },
         ),
         migrations.CreateModel(
-            name='Organization',
+            name="Organization",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('plan', models.CharField(choices=[('free', 'Free'), ('team', 'Team'), ('business', 'Business')], default='free', max_length=20)),
-                ('version', models.PositiveIntegerField(default=1)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                (
+                    "plan",
+                    models.CharField(
+                        choices=[("free", "Free"), ("team", "Team"), ("business", "Business")],
+                        default="free",
+                        max_length=20,
+                    ),
+                ),
+                ("version", models.PositiveIntegerField(default=1)),
             ],
             options={
-                'abstract': False,
+                "abstract": False,
             },
         ),
         migrations.CreateModel(
-            name='OrganizationMirror',
+            name="OrganizationMirror",
             fields=[
-                ('id', models.BigIntegerField(primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=100)),
-                ('plan', models.CharField(max_length=20)),
-                ('version', models.PositiveIntegerField()),
+                ("id", models.BigIntegerField(primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=100)),
+                ("plan", models.CharField(max_length=20)),
+                ("version", models.PositiveIntegerField()),
             ],
         ),
         migrations.CreateModel(
-            name='UserAccount',
+            name="UserAccount",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('email', models.EmailField(max_length=254)),
-                ('name', models.CharField(max_length=100)),
-                ('region', models.CharField(choices=[('us', 'us'), ('eu', 'eu')], max_length=48)),
-                ('version', models.PositiveIntegerField(default=1)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("email", models.EmailField(max_length=254)),
+                ("name", models.CharField(max_length=100)),
+                ("region", models.CharField(choices=[("us", "us"), ("eu", "eu")], max_length=48)),
+                ("version", models.PositiveIntegerField(default=1)),
             ],
             options={
-                'abstract': False,
+                "abstract": False,
             },
         ),
         migrations.CreateModel(
-            name='Project',
+            name="Project",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('status', models.CharField(choices=[('active', 'Active'), ('archived', 'Archived')], default='active', max_length=20)),
-                ('version', models.PositiveIntegerField(default=1)),
-                ('organization', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='accounts.organization')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("active", "Active"), ("archived", "Archived")],
+                        default="active",
+                        max_length=20,
+                    ),
+                ),
+                ("version", models.PositiveIntegerField(default=1)),
+                (
+                    "organization",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, to="accounts.organization"
+                    ),
+                ),
             ],
             options={
-                'abstract': False,
+                "abstract": False,
             },
         ),
         migrations.CreateModel(
-            name='ProjectMirror',
+            name="ProjectMirror",
             fields=[
-                ('id', models.BigIntegerField(primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=100)),
-                ('status', models.CharField(max_length=20)),
-                ('version', models.PositiveIntegerField()),
-                ('organization', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='accounts.organizationmirror')),
+                ("id", models.BigIntegerField(primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=100)),
+                ("status", models.CharField(max_length=20)),
+                ("version", models.PositiveIntegerField()),
+                (
+                    "organization",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="accounts.organizationmirror",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='UserMirror',
+            name="UserMirror",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('region', models.CharField(max_length=48)),
-                ('user_id', models.BigIntegerField()),
-                ('email', models.EmailField(max_length=254)),
-                ('name', models.CharField(max_length=100)),
-                ('version', models.PositiveIntegerField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("region", models.CharField(max_length=48)),
+                ("user_id", models.BigIntegerField()),
+                ("email", models.EmailField(max_length=254)),
+                ("name", models.CharField(max_length=100)),
+                ("version", models.PositiveIntegerField()),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('region', 'user_id'), name='usermirror_region_user')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("region", "user_id"), name="usermirror_region_user"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='WebhookCall',
+            name="WebhookCall",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('endpoint', models.CharField(max_length=50)),
-                ('object_id', models.BigIntegerField()),
-                ('payload', models.JSONField(null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("endpoint", models.CharField(max_length=50)),
+                ("object_id", models.BigIntegerField()),
+                ("payload", models.JSONField(null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'indexes': [models.Index(fields=['endpoint', 'object_id'], name='webhookcall_target')],
+                "indexes": [
+                    models.Index(fields=["endpoint", "object_id"], name="webhookcall_target")
+                ],
             },
         ),
     ]

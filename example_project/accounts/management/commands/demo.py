@@ -27,14 +27,24 @@ class Command(BaseCommand):
     help = "Generate outbox traffic from a clean state, drain it, and check every delivery."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--orgs", type=int, default=200, help="Organizations (3 projects and 1 user each).")
-        parser.add_argument("--updates", type=int, default=3000, help="Object changes after creation.")
+        parser.add_argument(
+            "--orgs", type=int, default=200, help="Organizations (3 projects and 1 user each)."
+        )
+        parser.add_argument(
+            "--updates", type=int, default=3000, help="Object changes after creation."
+        )
         parser.add_argument("--seed", type=int, default=42, help="Seed of the random traffic.")
         parser.add_argument(
-            "--billing-outage", type=int, default=40, metavar="CALLS",
-            help="Billing calls refused once the drain starts (each is retried with back-off).",
+            "--billing-outage",
+            type=int,
+            default=None,
+            metavar="CALLS",
+            help="Billing calls refused once the drain starts, each retried with back-off "
+            "(default: one per 5 organizations).",
         )
-        parser.add_argument("--timeout", type=float, default=60.0, help="Give up draining after this long.")
+        parser.add_argument(
+            "--timeout", type=float, default=60.0, help="Give up draining after this long."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["orgs"] < 2 or options["updates"] < 0:
@@ -47,7 +57,8 @@ class Command(BaseCommand):
         reset.wipe_demo_tables()
         tally = self._write_traffic(options)
         traffic_seconds = time.monotonic() - started
-        billing_api.start_outage(options["billing_outage"])
+        outage = options["billing_outage"]
+        billing_api.start_outage(max(1, options["orgs"] // 5) if outage is None else outage)
         drained = drain_until_empty(options["timeout"])
         problems = verify.verify(tally, drained)
         self._summary(tally, drained, traffic_seconds, time.monotonic() - started, options)
@@ -65,17 +76,23 @@ class Command(BaseCommand):
         return tally
 
     def _summary(
-        self, tally: Tally, drained: DrainReport, traffic_seconds: float, elapsed: float,
+        self,
+        tally: Tally,
+        drained: DrainReport,
+        traffic_seconds: float,
+        elapsed: float,
         options: dict[str, Any],
     ) -> None:
         stats = drained.stats
+        orgs, updates, seed = options["orgs"], options["updates"], options["seed"]
+        drained_rows = tally.written - tally.flushed
         lines = [
-            f"traffic    {options['orgs']} organizations, {options['updates']} updates, seed {options['seed']}",
-            f"written    {tally.written} outbox rows ({tally.flushed} flushed right after commit by "
-            f"{tally.sync_requests} requests, {tally.written - tally.flushed} left to the drain)",
+            f"traffic    {orgs} organizations, {updates} updates, seed {seed}",
+            f"written    {tally.written} outbox rows: {tally.flushed} flushed after commit by "
+            f"{tally.sync_requests} requests, {drained_rows} left to the drain",
             f"coalesced  {stats.coalesced} rows retired by a newer row of their group",
-            f"delivered  {stats.receiver_calls} receiver calls on {stats.shards} shard claims "
-            f"in {drained.rounds} drain rounds",
+            f"delivered  {stats.receiver_calls} receiver calls, {stats.shards} shard claims, "
+            f"{drained.rounds} drain round(s)",
             f"retried    {stats.failures} failed calls (billing refused {billing_api.refused}), "
             "rescheduled with back-off",
             f"elapsed    {elapsed:.2f}s (setup and traffic {traffic_seconds:.2f}s, "
