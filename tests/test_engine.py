@@ -226,3 +226,12 @@ def test_query_count_does_not_grow_with_groups(groups):
     # find due + claim (update, insert, read back) + read window (rows, payloads)
     # + delete + release + the empty find that ends the drain.
     assert len(statements) == 9, statements
+
+
+def test_drain_shards_takes_only_the_given_shards(calls):
+    for shard in (1, 2, 3):
+        RegionOutboxFactory(shard_identifier=shard, object_identifier=shard)
+    keys = [row.shard_key for row in RegionOutbox.objects.filter(shard_identifier__in=[1, 3])]
+    stats = Drainer(RegionOutbox).drain_shards(keys)
+    assert stats.shards == 2
+    assert sorted(c["shard_identifier"] for c in calls.calls) == [1, 3]

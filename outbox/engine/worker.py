@@ -99,6 +99,13 @@ class Drainer:
         stats.seconds = time.monotonic() - started
         return stats
 
+    def drain_shards(self, shards: Sequence[ShardKey]) -> DrainStats:
+        """Drain these shards completely, where they are due and nobody holds them.
+
+        For schedulers that hand out shards (fan-out); a held shard is skipped.
+        """
+        return self.flush(dict.fromkeys(shards))
+
     def flush(self, bounds: Mapping[ShardKey, int | None]) -> DrainStats:
         """Deliver the due rows of these shards up to their bounds, if no one holds them.
 
