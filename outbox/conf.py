@@ -46,6 +46,11 @@ SETTINGS: dict[str, Setting] = {
     "MAX_PAYLOAD_BYTES": Setting(
         1_000_000, "Largest accepted payload, measured as its JSON encoding in UTF-8."
     ),
+    "FAST_PATH": Setting(
+        True,
+        "Use the PostgreSQL fast path on PostgreSQL. Off, PostgreSQL takes the portable "
+        "path like every other database.",
+    ),
     "LOOP_INTERVAL_SECONDS": Setting(
         1.0, "How long `drain_outboxes --loop` sleeps when nothing is due."
     ),

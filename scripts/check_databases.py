@@ -29,7 +29,11 @@ def check_mariadb() -> None:
     ).close()
 
 
-CHECKS = {"postgres": check_postgres, "mariadb": check_mariadb}
+CHECKS = {
+    "postgres": check_postgres,
+    "postgres-portable": check_postgres,
+    "mariadb": check_mariadb,
+}
 
 failed = False
 for name in sys.argv[1:]:

@@ -18,6 +18,10 @@ INSTALLED_APPS = [
 ]
 
 TEST_DB = os.environ.get("OUTBOX_TEST_DB", "sqlite")
+# "postgres-portable" runs PostgreSQL through the portable path instead of the fast path.
+OUTBOX_FAST_PATH = TEST_DB != "postgres-portable"
+if TEST_DB == "postgres-portable":
+    TEST_DB = "postgres"
 
 
 def _database(name: str) -> dict:

@@ -8,9 +8,18 @@ from outbox.backends.base import OutboxBackend
 def get_backend(using: str) -> OutboxBackend:
     """Return the engine backend for a database alias.
 
-    Every vendor takes the portable path for now: it is correct on SQLite, PostgreSQL
-    and MariaDB/MySQL. A vendor fast path plugs in here and nowhere else.
+    PostgreSQL takes the fast path (one statement per engine step) unless
+    OUTBOX_FAST_PATH is off; every other database takes the portable ORM path, which is
+    correct on SQLite, PostgreSQL and MariaDB/MySQL alike.
     """
+    from django.db import connections
+
+    from outbox.conf import outbox_settings
+
+    if connections[using].vendor == "postgresql" and outbox_settings.FAST_PATH:
+        from outbox.backends.postgres import PostgresBackend
+
+        return PostgresBackend(using)
     from outbox.backends.portable import PortableBackend
 
     return PortableBackend(using)

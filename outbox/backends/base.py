@@ -27,7 +27,7 @@ class Lease:
     shards: list[ShardKey] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False)
 class Group:
     """A coalescing group as read: all its pending row ids, and its newest row."""
 
@@ -45,10 +45,14 @@ class Group:
 
 @dataclass
 class Window:
-    """One read of the claimed shards: groups per shard in order of their oldest row."""
+    """One read of the claimed shards: groups per shard in order of their oldest row.
+
+    `incomplete` names the shards that may have more rows than were read; the others
+    were read to their end (as far as this read could see).
+    """
 
     shards: dict[ShardKey, list[Group]]
-    full: bool
+    incomplete: set[ShardKey]
 
 
 @dataclass
@@ -83,6 +87,27 @@ class OutboxBackend(ABC):
     def claim(self, model: type[OutboxBase], shards: Sequence[ShardKey], lease: Lease) -> None:
         """Lease whichever of `shards` are free; set `lease.shards` to those won."""
 
+    def claim_due(
+        self,
+        model: type[OutboxBase],
+        lease: Lease,
+        limit: int,
+        *,
+        within: Sequence[ShardKey] | None = None,
+        scopes: Sequence[int] | None = None,
+        identifiers: Sequence[int] | None = None,
+        after: ShardKey | None = None,
+    ) -> None:
+        """Lease up to `limit` due, free shards; set `lease.shards` to those won.
+
+        `after` is a hint for fairness: a backend that walks shards in key order starts
+        after it and wraps around.
+        """
+        due = self.find_due_shards(
+            model, limit, within=within, scopes=scopes, identifiers=identifiers
+        )
+        self.claim(model, due, lease)
+
     @abstractmethod
     def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
         """Push the lease's expiry forward; return the shards still held."""
@@ -112,6 +137,24 @@ class OutboxBackend(ABC):
     @abstractmethod
     def release(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
         """Give up the lease on `shards` (only where it is still ours)."""
+
+    def settle(
+        self,
+        model: type[OutboxBase],
+        lease: Lease,
+        row_ids: Mapping[ShardKey, Sequence[int]],
+        failures: Sequence[FailedGroup],
+        release: Sequence[ShardKey],
+    ) -> tuple[int, set[ShardKey]]:
+        """End a round: retire delivered rows, reschedule failures, release finished shards.
+
+        `release` never names a failed shard (rescheduling keeps its lease row as a
+        back-off). Returns (rows deleted, shards whose lease was lost).
+        """
+        deleted, lost = self.retire(model, lease, row_ids)
+        self.reschedule(model, lease, [f for f in failures if f.shard not in lost])
+        self.release(model, lease, release)
+        return deleted, lost
 
 
 def coalesce(

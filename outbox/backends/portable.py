@@ -157,13 +157,15 @@ class PortableBackend(OutboxBackend):
             self.rows(model).filter(any_of(selectors)).order_by("id").values_list(*columns)[:limit]
         )
         groups = coalesce(model, rows)
-        newest = self.rows(model).in_bulk(
-            [group.newest_id for shard_groups in groups.values() for group in shard_groups]
-        )
+        # One window for all shards: when it is full, any shard may continue past it.
+        incomplete = set(shards) if len(rows) >= limit else set()
+        newest_ids = [group.newest_id for shard_groups in groups.values() for group in shard_groups]
+        # One query (in_bulk would split it into batches on SQLite).
+        newest = {row.id: row for row in self.rows(model).filter(id__in=newest_ids)}
         for shard_groups in groups.values():
             for group in shard_groups:
                 group.message = newest.get(group.newest_id)
-        return Window(groups, full=len(rows) >= limit)
+        return Window(groups, incomplete)
 
     def retire(
         self, model: type[OutboxBase], lease: Lease, row_ids: Mapping[ShardKey, Sequence[int]]

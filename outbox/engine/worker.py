@@ -70,6 +70,7 @@ class Drainer:
         self.identifiers = identifiers
         self.stop = stop or threading.Event()
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"[:128]
+        self._cursor: ShardKey | None = None
 
     def drain(self, *, deadline: float | None = None) -> DrainStats:
         """Deliver everything due now (and what becomes due meanwhile) until none is left."""
@@ -78,26 +79,34 @@ class Drainer:
         started = time.monotonic()
         idle_rounds = 0
         while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            due = self._retrying(
-                lambda: self.backend.find_due_shards(
-                    self.model,
-                    int(outbox_settings.BATCH_SHARDS),
-                    scopes=self.scopes,
-                    identifiers=self.identifiers,
-                )
-            )
-            if not due:
+            lease = self._claim_next_batch()
+            if not lease.shards:
                 break
-            batch = self._work(due, bounds=None)
+            self._cursor = lease.shards[-1]
+            batch = self._work(lease, bounds=None)
             stats.add(batch)
-            # Due shards that yield nothing (all claimed by others a moment ago) must
-            # not spin this loop.
+            # A batch whose shards all came back empty (drained by someone else a moment
+            # ago) is no progress; never spin on those.
             progressed = batch.receiver_calls or batch.rows_retired or batch.failures
             idle_rounds = 0 if progressed else idle_rounds + 1
             if idle_rounds >= 3:
                 break
         stats.seconds = time.monotonic() - started
         return stats
+
+    def _claim_next_batch(self) -> Lease:
+        lease = self._new_lease()
+        self._retrying(
+            lambda: self.backend.claim_due(
+                self.model,
+                lease,
+                int(outbox_settings.BATCH_SHARDS),
+                scopes=self.scopes,
+                identifiers=self.identifiers,
+                after=self._cursor,
+            )
+        )
+        return lease
 
     def drain_shards(self, shards: Sequence[ShardKey]) -> DrainStats:
         """Drain these shards completely, where they are due and nobody holds them.
@@ -113,8 +122,9 @@ class Drainer:
         """
         self._refuse_open_transaction()
         started = time.monotonic()
-        due = self.backend.find_due_shards(self.model, len(bounds), within=list(bounds))
-        stats = self._work(due, bounds=bounds)
+        lease = self._new_lease()
+        self.backend.claim_due(self.model, lease, len(bounds), within=list(bounds))
+        stats = self._work(lease, bounds=bounds)
         stats.seconds = time.monotonic() - started
         return stats
 
@@ -125,44 +135,45 @@ class Drainer:
                 f"{self.using!r}: leases must commit on their own. Drain after commit."
             )
 
-    def _work(
-        self, shards: list[ShardKey], bounds: Mapping[ShardKey, int | None] | None
-    ) -> DrainStats:
-        stats = DrainStats()
-        lease = Lease(uuid.uuid4().hex, self.holder, float(outbox_settings.LEASE_SECONDS))
-        self._retrying(lambda: self.backend.claim(self.model, shards, lease))
+    def _new_lease(self) -> Lease:
+        return Lease(uuid.uuid4().hex, self.holder, float(outbox_settings.LEASE_SECONDS))
+
+    def _work(self, lease: Lease, bounds: Mapping[ShardKey, int | None] | None) -> DrainStats:
+        """Deliver the claimed shards window by window; release each once it is done."""
+        stats = DrainStats(shards=len(lease.shards))
         if not lease.shards:
             return stats
-        stats.shards = len(lease.shards)
         holding = Holding(self.backend, self.model, lease)
         keeper = LeaseKeeper.get()
         keeper.hold(holding)
         active = list(lease.shards)
         try:
             while active and not self.stop.is_set():
-                window = self.backend.read_window(
-                    self.model, active, bounds, int(outbox_settings.BATCH_ROWS)
-                )
+                window = self.backend.read_window(self.model, active, bounds, self._window_rows())
                 round_ = _Round()
                 try:
                     self._deliver(window, holding, round_)
                 finally:
-                    self._settle(lease, round_, stats)
-                finished = set(round_.lost) | {failure.shard for failure in round_.failures}
-                if not window.full:
-                    # Everything visible was read: the remaining shards are done. (After
-                    # a full window, a shard missing from it may still have newer rows.)
-                    finished.update(active)
-                self._release(lease, [key for key in active if key in finished])
+                    failed = {failure.shard for failure in round_.failures}
+                    done = [k for k in active if k not in window.incomplete and k not in failed]
+                    self._settle(lease, round_, done, stats)
+                finished = {*done, *failed, *round_.lost}
                 active = [key for key in active if key not in finished]
+                lease.shards = [key for key in lease.shards if key not in finished]
         finally:
             keeper.drop(holding)
             self._release_remaining(lease)
         return stats
 
+    def _window_rows(self) -> int:
+        return int(outbox_settings.BATCH_ROWS)
+
     def _release_remaining(self, lease: Lease) -> None:
+        if not lease.shards:
+            return
         try:
-            self._release(lease, list(lease.shards))
+            self._retrying(lambda: self.backend.release(self.model, lease, lease.shards))
+            lease.shards = []
         except Exception:
             # The leases expire by themselves; the error that brought us here matters more.
             logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
@@ -240,9 +251,11 @@ class Drainer:
         )
         return FailedGroup(group.shard, delays, error, delays[group.row_ids[0]])
 
-    def _settle(self, lease: Lease, round_: _Round, stats: DrainStats) -> None:
+    def _settle(
+        self, lease: Lease, round_: _Round, done: list[ShardKey], stats: DrainStats
+    ) -> None:
         deleted, lost = self._retrying(
-            lambda: self.backend.retire(self.model, lease, round_.delivered)
+            lambda: self.backend.settle(self.model, lease, round_.delivered, round_.failures, done)
         )
         for key in lost:
             logger.warning(
@@ -255,21 +268,12 @@ class Drainer:
                 },
             )
         round_.lost.update(lost)
-        failures = [failure for failure in round_.failures if failure.shard not in lost]
-        self._retrying(lambda: self.backend.reschedule(self.model, lease, failures))
         stats.receiver_calls += round_.receiver_calls
         stats.groups_delivered += round_.groups_delivered
         stats.rows_retired += deleted + round_.retired_inline
         stats.failures += len(round_.failures)
         stats.leases_lost += len(round_.lost)
         stats.failed_shards.extend(str(failure.shard) for failure in round_.failures)
-
-    def _release(self, lease: Lease, shards: list[ShardKey]) -> None:
-        if not shards:
-            return
-        self._retrying(lambda: self.backend.release(self.model, lease, shards))
-        released = set(shards)
-        lease.shards = [key for key in lease.shards if key not in released]
 
     @staticmethod
     def _retrying(operation: Callable[[], _T]) -> _T:

@@ -1,0 +1,254 @@
+"""Every SQL statement of the PostgreSQL fast path, named, rendered once per outbox table.
+
+Shard keys travel as parallel arrays (`unnest(%s::text[], %s::int[], %s::bigint[])`), so
+each statement has one text and one plan however many shards or rows it touches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from outbox.models import OutboxBase, ShardLease
+
+# The columns of a shard key as the lease table stores them.
+LEASE_KEY = ("region_name", "shard_scope", "shard_identifier")
+KEY_TYPES = ("text", "integer", "bigint")
+
+
+@dataclass(frozen=True)
+class Statements:
+    """The named statements for one outbox table."""
+
+    walk_due: str  # skip-scan the shards in key order, keep due ones without a live lease
+    walk_due_after: str  # the same, starting after a key (fairness across calls)
+    walk_due_until: str  # the same, from the start up to and including a key (wrap-around)
+    keys_due: str  # of the given keys, the due ones without a live lease
+    claim_walk: str  # walk_due + claim, in one statement
+    claim_walk_after: str
+    claim_walk_until: str
+    claim_keys: str  # keys_due + claim, in one statement
+    read_window: str  # the first rows of each claimed shard, payload only for the newest
+    settle: str  # delete delivered rows, reschedule failed ones, back off, release
+    renew: str  # extend a lease, returning the shards still held
+    release: str  # drop a lease on some shards
+
+
+def _quote(name: str) -> str:
+    return f'"{name}"'
+
+
+@cache
+def statements(model: type[OutboxBase]) -> Statements:
+    return _Renderer(model).render()
+
+
+class _Renderer:
+    def __init__(self, model: type[OutboxBase]) -> None:
+        self.table = _quote(model._meta.db_table)
+        self.lease = _quote(ShardLease._meta.db_table)
+        self.label = model._meta.label_lower
+        # Shard columns are named after their fields (the statements below rely on it).
+        self.cols = [_quote(name) for name in model.shard_fields]
+        self.has_region = "region_name" in model.shard_fields
+
+    # -- fragments ----------------------------------------------------------------------
+
+    def key_of(self, alias: str) -> str:
+        """The lease-shaped key (region_name, shard_scope, shard_identifier) of a row alias."""
+        region = f'{alias}."region_name"' if self.has_region else "''::text"
+        return f'{region} AS region_name, {alias}."shard_scope", {alias}."shard_identifier"'
+
+    def same_shard(self, row: str, key: str) -> str:
+        """`row` (an outbox row) belongs to the shard named by `key` (lease-shaped)."""
+        parts = [f'{row}."shard_scope" = {key}."shard_scope"']
+        parts.append(f'{row}."shard_identifier" = {key}."shard_identifier"')
+        if self.has_region:
+            parts.insert(0, f'{row}."region_name" = {key}."region_name"')
+        return " AND ".join(parts)
+
+    def same_lease(self, lease: str, key: str) -> str:
+        return " AND ".join(f'{lease}."{column}" = {key}."{column}"' for column in LEASE_KEY)
+
+    def row_cols(self, alias: str) -> str:
+        return ", ".join(f"{alias}.{column}" for column in self.cols)
+
+    def unnest_keys(self, alias: str, extra: str = "") -> str:
+        """unnest of three key arrays (plus `extra` typed arrays) given as %s parameters."""
+        types = [*KEY_TYPES, *([extra] if extra else [])]
+        arrays = ", ".join(f"%s::{kind}[]" for kind in types)
+        names = ", ".join([*LEASE_KEY, *(["extra"] if extra else [])])
+        return f"unnest({arrays}) AS {alias}({names})"
+
+    def due_filter(self, alias: str) -> str:
+        """A walked or given shard has a due row, no live lease, and passes the filters."""
+        return f"""
+            EXISTS (SELECT 1 FROM {self.table} o
+                    WHERE {self.same_shard("o", alias)} AND o."scheduled_for" <= now())
+            AND NOT EXISTS (SELECT 1 FROM {self.lease} l
+                    WHERE l."outbox" = %(label)s AND {self.same_lease("l", alias)}
+                      AND l."expires_at" > now())
+            AND (%(scopes)s::integer[] IS NULL OR {alias}."shard_scope" = ANY(%(scopes)s))
+            AND (%(identifiers)s::bigint[] IS NULL
+                 OR {alias}."shard_identifier" = ANY(%(identifiers)s))"""
+
+    def walk(self, bound: str) -> str:
+        """Recursive skip scan over the shard index: one index probe per shard, not per row.
+
+        PostgreSQL evaluates a recursive CTE only as far as its reader pulls, so the LIMIT
+        of the reader ends the walk after enough due shards.
+        """
+        cols = ", ".join(self.cols)
+        bounds = {
+            "": "",
+            "after": f"AND ({cols}) > ({self.key_params('after')})",
+            "until": f"AND ({cols}) <= ({self.key_params('until')})",
+        }[bound]
+        return f"""
+            walk AS (
+                (SELECT {cols} FROM {self.table} WHERE TRUE {bounds} ORDER BY {cols} LIMIT 1)
+                UNION ALL
+                SELECT step.* FROM walk w CROSS JOIN LATERAL (
+                    SELECT {self.row_cols("o")} FROM {self.table} o
+                    WHERE ({self.row_cols("o")}) > ({self.row_cols("w")}) {bounds}
+                    ORDER BY {self.row_cols("o")} LIMIT 1
+                ) step
+            ),
+            due AS (
+                SELECT k.* FROM (SELECT {self.key_of("w")} FROM walk w) k
+                WHERE {self.due_filter("k")}
+                LIMIT %(limit)s
+            )"""
+
+    def key_params(self, prefix: str) -> str:
+        names = ["region", "scope", "identifier"] if self.has_region else ["scope", "identifier"]
+        return ", ".join(f"%({prefix}_{name})s" for name in names)
+
+    def given_keys(self) -> str:
+        return f"""
+            due AS (
+                SELECT k.* FROM unnest(%(regions)s::text[], %(scopes_in)s::integer[],
+                                       %(identifiers_in)s::bigint[])
+                    AS k(region_name, shard_scope, shard_identifier)
+                WHERE {self.due_filter("k")}
+            )"""
+
+    def claim(self) -> str:
+        """Take the due shards: retake expired leases (skipping rows another claimer has
+        locked) and insert the missing ones; a conflicting insert means someone else won."""
+        return f"""
+            expired AS (
+                SELECT l."id" FROM {self.lease} l JOIN due d ON {self.same_lease("l", "d")}
+                WHERE l."outbox" = %(label)s AND l."expires_at" <= now()
+                FOR UPDATE OF l SKIP LOCKED
+            ),
+            retaken AS (
+                UPDATE {self.lease} l
+                SET "token" = %(token)s, "holder" = %(holder)s, "claimed_at" = now(),
+                    "expires_at" = now() + %(seconds)s * interval '1 second'
+                FROM expired e WHERE l."id" = e."id"
+                RETURNING l."region_name", l."shard_scope", l."shard_identifier"
+            ),
+            fresh AS (
+                INSERT INTO {self.lease} ("outbox", "region_name", "shard_scope",
+                    "shard_identifier", "token", "holder", "claimed_at", "expires_at")
+                SELECT %(label)s, d.region_name, d.shard_scope, d.shard_identifier,
+                    %(token)s, %(holder)s, now(), now() + %(seconds)s * interval '1 second'
+                FROM due d
+                ON CONFLICT ("outbox", "region_name", "shard_scope", "shard_identifier")
+                DO NOTHING
+                RETURNING "region_name", "shard_scope", "shard_identifier"
+            )
+            SELECT * FROM retaken UNION ALL SELECT * FROM fresh"""
+
+    def read_window(self) -> str:
+        cols = ", ".join(f"r.{column}" for column in self.cols)
+        return f"""
+            SELECT r."id", {cols}, r."category", r."object_identifier", r."attempts",
+                r."scheduled_for", r."date_added",
+                CASE WHEN r."id" = max(r."id") OVER (
+                    PARTITION BY {cols}, r."category", r."object_identifier")
+                THEN r."payload" END
+            FROM {self.unnest_keys("k", "bigint")}
+            CROSS JOIN LATERAL (
+                SELECT * FROM {self.table} o
+                WHERE {self.same_shard("o", "k")}
+                  AND o."id" <= COALESCE(k.extra, 9223372036854775807)
+                ORDER BY o."id" LIMIT %s
+            ) r
+            ORDER BY {cols}, r."id\""""
+
+    def settle(self) -> str:
+        """One round trip at the end of a round. Only rows of shards whose lease still
+        carries our token are deleted or rescheduled; `held` reports which those are."""
+        return f"""
+            WITH held AS (
+                SELECT "region_name", "shard_scope", "shard_identifier" FROM {self.lease}
+                WHERE "outbox" = %(label)s AND "token" = %(token)s
+            ),
+            gone AS (
+                DELETE FROM {self.table} o USING held h
+                WHERE o."id" = ANY(%(delivered)s::bigint[]) AND {self.same_shard("o", "h")}
+                RETURNING 1
+            ),
+            retried AS (
+                UPDATE {self.table} o
+                SET "attempts" = o."attempts" + 1, "scheduled_from" = now(),
+                    "scheduled_for" = now() + f.delay * interval '1 second',
+                    "first_attempt_at" = COALESCE(o."first_attempt_at", now()),
+                    "last_attempt_at" = now(), "last_error" = f.error
+                FROM unnest(%(failed)s::bigint[], %(delays)s::float8[], %(errors)s::text[])
+                    AS f(id, delay, error), held h
+                WHERE o."id" = f.id AND {self.same_shard("o", "h")}
+                RETURNING 1
+            ),
+            backed_off AS (
+                UPDATE {self.lease} l
+                SET "token" = NULL, "expires_at" = now() + b.delay * interval '1 second'
+                FROM unnest(%(b_regions)s::text[], %(b_scopes)s::integer[],
+                            %(b_identifiers)s::bigint[], %(b_delays)s::float8[])
+                    AS b(region_name, shard_scope, shard_identifier, delay)
+                WHERE l."outbox" = %(label)s AND l."token" = %(token)s
+                  AND {self.same_lease("l", "b")}
+                RETURNING 1
+            ),
+            released AS (
+                DELETE FROM {self.lease} l
+                USING unnest(%(r_regions)s::text[], %(r_scopes)s::integer[],
+                             %(r_identifiers)s::bigint[])
+                    AS r(region_name, shard_scope, shard_identifier)
+                WHERE l."outbox" = %(label)s AND l."token" = %(token)s
+                  AND {self.same_lease("l", "r")}
+                RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM gone), h."region_name", h."shard_scope",
+                h."shard_identifier"
+            FROM (SELECT 1) one LEFT JOIN held h ON TRUE"""
+
+    def render(self) -> Statements:
+        claim = self.claim()
+        select_due = "SELECT * FROM due"
+        return Statements(
+            walk_due=f"WITH RECURSIVE {self.walk('')} {select_due}",
+            walk_due_after=f"WITH RECURSIVE {self.walk('after')} {select_due}",
+            walk_due_until=f"WITH RECURSIVE {self.walk('until')} {select_due}",
+            keys_due=f"WITH {self.given_keys()} {select_due}",
+            claim_walk=f"WITH RECURSIVE {self.walk('')}, {claim}",
+            claim_walk_after=f"WITH RECURSIVE {self.walk('after')}, {claim}",
+            claim_walk_until=f"WITH RECURSIVE {self.walk('until')}, {claim}",
+            claim_keys=f"WITH {self.given_keys()}, {claim}",
+            read_window=self.read_window(),
+            settle=self.settle(),
+            renew=f"""
+                UPDATE {self.lease}
+                SET "expires_at" = now() + %(seconds)s * interval '1 second'
+                WHERE "outbox" = %(label)s AND "token" = %(token)s
+                RETURNING "region_name", "shard_scope", "shard_identifier\"""",
+            release=f"""
+                DELETE FROM {self.lease} l
+                USING unnest(%(regions)s::text[], %(scopes_in)s::integer[],
+                             %(identifiers_in)s::bigint[])
+                    AS r(region_name, shard_scope, shard_identifier)
+                WHERE l."outbox" = %(label)s AND l."token" = %(token)s
+                  AND {self.same_lease("l", "r")}""",
+        )
