@@ -58,6 +58,8 @@ class OutboxBase(models.Model):
     # The columns that name a shard, in index order.
     shard_fields: ClassVar[tuple[str, ...]] = ("shard_scope", "shard_identifier")
     process_signal: ClassVar[Signal] = process_region_outbox
+    # Columns besides the shard, category, object and payload that message_kwargs reads.
+    message_columns: ClassVar[tuple[str, ...]] = ()
 
     class Meta:
         abstract = True
@@ -100,13 +102,20 @@ class OutboxBase(models.Model):
         """Raise InvalidOutboxMessage if this row must not be written."""
         validate_message(self)
 
-    def signal_kwargs(self) -> dict[str, Any]:
+    @classmethod
+    def message_kwargs(cls, message: Any) -> dict[str, Any]:
+        """The keyword arguments of the process signal for a row (or a row-like message
+        read by the engine, carrying the shard fields, `object_identifier`, `payload` and
+        the `message_columns`)."""
         return {
-            "object_identifier": self.object_identifier,
-            "shard_identifier": self.shard_identifier,
-            "shard_scope": self.shard_scope,
-            "payload": self.payload,
+            "object_identifier": message.object_identifier,
+            "shard_identifier": message.shard_identifier,
+            "shard_scope": message.shard_scope,
+            "payload": message.payload,
         }
+
+    def signal_kwargs(self) -> dict[str, Any]:
+        return type(self).message_kwargs(self)
 
 
 class RegionOutbox(OutboxBase):
@@ -126,6 +135,7 @@ class ControlOutbox(OutboxBase):
 
     shard_fields = ("region_name", "shard_scope", "shard_identifier")
     process_signal = process_control_outbox
+    message_columns = ("date_added", "scheduled_for")
 
     class Meta(OutboxBase.Meta):
         verbose_name = "control outbox message"
@@ -144,12 +154,13 @@ class ControlOutbox(OutboxBase):
             raise InvalidOutboxMessage(f"region_name {self.region_name!r} is over 48 characters.")
         super().validate_message()
 
-    def signal_kwargs(self) -> dict[str, Any]:
+    @classmethod
+    def message_kwargs(cls, message: Any) -> dict[str, Any]:
         return {
-            **super().signal_kwargs(),
-            "region_name": self.region_name,
-            "date_added": self.date_added,
-            "scheduled_for": self.scheduled_for,
+            **super().message_kwargs(message),
+            "region_name": message.region_name,
+            "date_added": message.date_added,
+            "scheduled_for": message.scheduled_for,
         }
 
 

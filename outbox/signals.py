@@ -15,8 +15,22 @@ from django.dispatch import Signal
 
 from outbox.categories import OutboxCategory
 
-process_region_outbox = Signal()
-process_control_outbox = Signal()
+
+class OutboxSignal(Signal):
+    """A Signal that caches its receivers per category, as the engine sends one per message.
+
+    Django's own per-sender cache is a WeakKeyDictionary, and category members (ints)
+    cannot be weakly referenced. They live as long as the process, so a plain dict does
+    the job; connect() and disconnect() clear it as they clear Django's.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(use_caching=True)
+        self.sender_receivers_cache = {}
+
+
+process_region_outbox = OutboxSignal()
+process_control_outbox = OutboxSignal()
 
 _Receiver = TypeVar("_Receiver", bound=Callable[..., Any])
 

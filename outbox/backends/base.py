@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
@@ -27,16 +28,46 @@ class Lease:
     shards: list[ShardKey] = field(default_factory=list)
 
 
-@dataclass(eq=False)
-class Group:
-    """A coalescing group as read: all its pending row ids, and its newest row."""
+class Message:
+    """The newest row of a group as the fast path reads it: only what the signal needs."""
 
-    shard: ShardKey
-    category: int
-    object_identifier: int
-    row_ids: list[int] = field(default_factory=list)
-    attempts: list[int] = field(default_factory=list)
-    message: OutboxBase | None = None
+    __slots__ = (
+        "category",
+        "date_added",
+        "id",
+        "object_identifier",
+        "payload",
+        "region_name",
+        "scheduled_for",
+        "shard_identifier",
+        "shard_scope",
+    )
+
+    def __init__(self, group: Group, payload: Any, date_added: Any, scheduled_for: Any) -> None:
+        self.id = group.newest_id
+        self.region_name, self.shard_scope, self.shard_identifier = group.shard
+        self.category = group.category
+        self.object_identifier = group.object_identifier
+        self.payload = payload
+        self.date_added = date_added
+        self.scheduled_for = scheduled_for
+
+
+class Group:
+    """A coalescing group as read: all its pending row ids, and its newest row.
+
+    A plain class with slots: the engine makes one per group read, on the hot path.
+    """
+
+    __slots__ = ("attempts", "category", "message", "object_identifier", "row_ids", "shard")
+
+    def __init__(self, shard: ShardKey, category: int, object_identifier: int) -> None:
+        self.shard = shard
+        self.category = category
+        self.object_identifier = object_identifier
+        self.row_ids: list[int] = []
+        self.attempts: list[int] = []
+        self.message: OutboxBase | Message | None = None
 
     @property
     def newest_id(self) -> int:

@@ -51,6 +51,7 @@ class _Renderer:
         # Shard columns are named after their fields (the statements below rely on it).
         self.cols = [_quote(name) for name in model.shard_fields]
         self.has_region = "region_name" in model.shard_fields
+        self.message_columns = model.message_columns
 
     # -- fragments ----------------------------------------------------------------------
 
@@ -162,13 +163,19 @@ class _Renderer:
             SELECT * FROM retaken UNION ALL SELECT * FROM fresh"""
 
     def read_window(self) -> str:
+        """Payload and times are sent only for the newest row of each group: the others
+        are coalesced away and cost nothing to transfer or decode."""
         cols = ", ".join(f"r.{column}" for column in self.cols)
+        newest = 'r."id" = max(r."id") OVER newest_of_group'
+        times = [
+            f'CASE WHEN {newest} THEN r."{column}" END'
+            if column in self.message_columns
+            else "NULL::timestamptz"
+            for column in ("date_added", "scheduled_for")
+        ]
         return f"""
             SELECT r."id", {cols}, r."category", r."object_identifier", r."attempts",
-                r."scheduled_for", r."date_added",
-                CASE WHEN r."id" = max(r."id") OVER (
-                    PARTITION BY {cols}, r."category", r."object_identifier")
-                THEN r."payload" END
+                CASE WHEN {newest} THEN r."payload" END, {", ".join(times)}
             FROM {self.unnest_keys("k", "bigint")}
             CROSS JOIN LATERAL (
                 SELECT * FROM {self.table} o
@@ -176,6 +183,7 @@ class _Renderer:
                   AND o."id" <= COALESCE(k.extra, 9223372036854775807)
                 ORDER BY o."id" LIMIT %s
             ) r
+            WINDOW newest_of_group AS (PARTITION BY {cols}, r."category", r."object_identifier")
             ORDER BY {cols}, r."id\""""
 
     def settle(self) -> str:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django.db import transaction
+from django.dispatch import Signal
 
 from outbox.backends.base import Group
-from outbox.categories import registry
+from outbox.categories import OutboxCategory, registry
 from outbox.exceptions import NoReceiver, OutboxError
 from outbox.models import OutboxBase
 from outbox.signals import is_transactional
@@ -26,15 +28,18 @@ def send(model: type[OutboxBase], group: Group, retire: Callable[[], bool], usin
     """
     category = registry.category(group.category)
     signal = model.process_signal
-    if not signal.has_listeners(category):
-        raise NoReceiver(f"no receiver is connected for category {category.name}")
-    assert group.message is not None
-    kwargs = group.message.signal_kwargs()
+    kwargs = model.message_kwargs(group.message)
     if not is_transactional(signal, category):
-        signal.send(sender=category, **kwargs)
+        _send(signal, category, kwargs)
         return False
     with transaction.atomic(using=using):
-        signal.send(sender=category, **kwargs)
+        _send(signal, category, kwargs)
         if not retire():
             raise LeaseLost(f"lease of shard {group.shard} was lost")
     return True
+
+
+def _send(signal: Signal, category: OutboxCategory, kwargs: dict[str, Any]) -> None:
+    # An empty response list means no receiver ran: never count that as delivered.
+    if not signal.send(sender=category, **kwargs):
+        raise NoReceiver(f"no receiver is connected for category {category.name}")
