@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from outbox.backends import get_backend
+from outbox.backends.base import Lease
 from outbox.backends.postgres import PostgresBackend
 from outbox.engine import Drainer, drain_outboxes
 from outbox.exceptions import DrainInTransaction
@@ -248,3 +249,24 @@ def test_drain_shards_takes_only_the_given_shards(calls):
     stats = Drainer(RegionOutbox).drain_shards(keys)
     assert stats.shards == 2
     assert sorted(c["shard_identifier"] for c in calls.calls) == [1, 3]
+
+
+def test_settle_deletes_only_rows_of_shards_still_held():
+    first = RegionOutboxFactory(shard_identifier=1)
+    second = RegionOutboxFactory(shard_identifier=2)
+    backend = get_backend("default")
+    lease = Lease("mine", "test", 30.0)
+    backend.claim(RegionOutbox, [first.shard_key, second.shard_key], lease)
+    assert len(lease.shards) == 2
+    # Another worker took shard 2 over after our lease expired.
+    ShardLease.objects.filter(shard_identifier=2).update(token="theirs")
+    deleted, lost = backend.settle(
+        RegionOutbox,
+        lease,
+        {first.shard_key: [first.id], second.shard_key: [second.id]},
+        [],
+        [first.shard_key, second.shard_key],
+    )
+    assert (deleted, lost) == (1, {second.shard_key})
+    assert list(RegionOutbox.objects.values_list("id", flat=True)) == [second.id]
+    assert list(ShardLease.objects.values_list("token", flat=True)) == ["theirs"]

@@ -190,15 +190,36 @@ class PostgresBackend(PortableBackend):
         failures: Sequence[FailedGroup],
         release: Sequence[ShardKey],
     ) -> tuple[int, set[ShardKey]]:
-        failed_rows = [
-            (row_id, delay, f.error) for f in failures for row_id, delay in f.row_delays.items()
-        ]
+        deleted, held = self._settle(model, lease, row_ids, failures, release)
+        lost = {key for key in row_ids if key not in held}
+        if lost:
+            # Some lease was lost, so nothing was deleted or released: settle the held
+            # shards again on their own.
+            still_held = {key: ids for key, ids in row_ids.items() if key not in lost}
+            release = [key for key in release if key not in lost]
+            deleted, _ = self._settle(model, lease, still_held, [], release)
+        return deleted, lost
+
+    def _settle(
+        self,
+        model: type[OutboxBase],
+        lease: Lease,
+        row_ids: Mapping[ShardKey, Sequence[int]],
+        failures: Sequence[FailedGroup],
+        release: Sequence[ShardKey],
+    ) -> tuple[int, set[ShardKey]]:
+        failed_rows = [(i, delay, f.error) for f in failures for i, delay in f.row_delays.items()]
+        d_regions, d_scopes, d_identifiers = key_arrays(list(row_ids))
         b_regions, b_scopes, b_identifiers = key_arrays([f.shard for f in failures])
         r_regions, r_scopes, r_identifiers = key_arrays(release)
         params = {
             "label": model._meta.label_lower,
             "token": lease.token,
             "delivered": int_array([row_id for ids in row_ids.values() for row_id in ids]),
+            "delivered_shards": len(row_ids),
+            "d_regions": d_regions,
+            "d_scopes": d_scopes,
+            "d_identifiers": d_identifiers,
             "failed": int_array([row[0] for row in failed_rows]),
             "delays": [row[1] for row in failed_rows],
             "errors": [row[2] for row in failed_rows],
@@ -211,9 +232,8 @@ class PostgresBackend(PortableBackend):
             "r_identifiers": r_identifiers,
         }
         result = self._fetch(statements(model).settle, params)
-        deleted = int(result[0][0])
         held = {ShardKey(*row[1:]) for row in result if row[1] is not None}
-        return deleted, {key for key in row_ids if key not in held}
+        return int(result[0][0]), held
 
     def retire(
         self, model: type[OutboxBase], lease: Lease, row_ids: Mapping[ShardKey, Sequence[int]]

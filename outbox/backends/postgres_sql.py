@@ -187,16 +187,30 @@ class _Renderer:
             ORDER BY {cols}, r."id\""""
 
     def settle(self) -> str:
-        """One round trip at the end of a round. Only rows of shards whose lease still
-        carries our token are deleted or rescheduled; `held` reports which those are."""
+        """One round trip at the end of a round.
+
+        `held` locks our lease rows, so no one can take them over until this commits, and
+        reports which shards are still ours. Delivered rows are deleted, and finished
+        shards released, only when every shard delivered to is held, which spares a lease
+        lookup per row; when a lease was lost the engine settles the held shards again on
+        their own. Failed rows (few) are checked one by one.
+        """
         return f"""
             WITH held AS (
                 SELECT "region_name", "shard_scope", "shard_identifier" FROM {self.lease}
                 WHERE "outbox" = %(label)s AND "token" = %(token)s
+                FOR UPDATE
+            ),
+            all_held AS (
+                SELECT count(*) = %(delivered_shards)s AS yes FROM held h
+                JOIN unnest(%(d_regions)s::text[], %(d_scopes)s::integer[],
+                            %(d_identifiers)s::bigint[])
+                    AS d(region_name, shard_scope, shard_identifier)
+                ON {self.same_lease("h", "d")}
             ),
             gone AS (
-                DELETE FROM {self.table} o USING held h
-                WHERE o."id" = ANY(%(delivered)s::bigint[]) AND {self.same_shard("o", "h")}
+                DELETE FROM {self.table} o
+                WHERE o."id" = ANY(%(delivered)s::bigint[]) AND (SELECT yes FROM all_held)
                 RETURNING 1
             ),
             retried AS (
@@ -206,8 +220,9 @@ class _Renderer:
                     "first_attempt_at" = COALESCE(o."first_attempt_at", now()),
                     "last_attempt_at" = now(), "last_error" = f.error
                 FROM unnest(%(failed)s::bigint[], %(delays)s::float8[], %(errors)s::text[])
-                    AS f(id, delay, error), held h
-                WHERE o."id" = f.id AND {self.same_shard("o", "h")}
+                    AS f(id, delay, error)
+                WHERE o."id" = f.id
+                  AND EXISTS (SELECT 1 FROM held h WHERE {self.same_shard("o", "h")})
                 RETURNING 1
             ),
             backed_off AS (
@@ -226,7 +241,7 @@ class _Renderer:
                              %(r_identifiers)s::bigint[])
                     AS r(region_name, shard_scope, shard_identifier)
                 WHERE l."outbox" = %(label)s AND l."token" = %(token)s
-                  AND {self.same_lease("l", "r")}
+                  AND {self.same_lease("l", "r")} AND (SELECT yes FROM all_held)
                 RETURNING 1
             )
             SELECT (SELECT count(*) FROM gone), h."region_name", h."shard_scope",
