@@ -83,12 +83,16 @@ class _Renderer:
 
     def due_filter(self, alias: str) -> str:
         """A walked or given shard has a due row, no live lease, and passes the filters."""
+        # OFFSET 0 keeps each check a correlated probe of its index: turned into a join,
+        # the planner (expecting a single shard) may rescan the lease table per shard.
         return f"""
             EXISTS (SELECT 1 FROM {self.table} o
-                    WHERE {self.same_shard("o", alias)} AND o."scheduled_for" <= now())
+                    WHERE {self.same_shard("o", alias)} AND o."scheduled_for" <= now()
+                    OFFSET 0)
             AND NOT EXISTS (SELECT 1 FROM {self.lease} l
                     WHERE l."outbox" = %(label)s AND {self.same_lease("l", alias)}
-                      AND l."expires_at" > now())
+                      AND l."expires_at" > now()
+                    OFFSET 0)
             AND (%(scopes)s::integer[] IS NULL OR {alias}."shard_scope" = ANY(%(scopes)s))
             AND (%(identifiers)s::bigint[] IS NULL
                  OR {alias}."shard_identifier" = ANY(%(identifiers)s))"""
@@ -139,9 +143,14 @@ class _Renderer:
         locked) and insert the missing ones; a conflicting insert means someone else won."""
         return f"""
             expired AS (
-                SELECT l."id" FROM {self.lease} l JOIN due d ON {self.same_lease("l", "d")}
-                WHERE l."outbox" = %(label)s AND l."expires_at" <= now()
-                FOR UPDATE OF l SKIP LOCKED
+                -- Driven by the due shards (one unique-index probe each), never by a scan
+                -- of the lease table, which churns.
+                SELECT l."id" FROM due d CROSS JOIN LATERAL (
+                    SELECT l."id" FROM {self.lease} l
+                    WHERE l."outbox" = %(label)s AND {self.same_lease("l", "d")}
+                      AND l."expires_at" <= now()
+                    FOR UPDATE SKIP LOCKED
+                ) l
             ),
             retaken AS (
                 UPDATE {self.lease} l
@@ -197,8 +206,8 @@ class _Renderer:
         """
         return f"""
             WITH held AS (
-                SELECT "region_name", "shard_scope", "shard_identifier" FROM {self.lease}
-                WHERE "outbox" = %(label)s AND "token" = %(token)s
+                SELECT "id", "region_name", "shard_scope", "shard_identifier" FROM {self.lease}
+                WHERE "token" = %(token)s AND "outbox" = %(label)s
                 FOR UPDATE
             ),
             all_held AS (
@@ -228,20 +237,20 @@ class _Renderer:
             backed_off AS (
                 UPDATE {self.lease} l
                 SET "token" = NULL, "expires_at" = now() + b.delay * interval '1 second'
-                FROM unnest(%(b_regions)s::text[], %(b_scopes)s::integer[],
-                            %(b_identifiers)s::bigint[], %(b_delays)s::float8[])
+                FROM held h JOIN unnest(%(b_regions)s::text[], %(b_scopes)s::integer[],
+                                        %(b_identifiers)s::bigint[], %(b_delays)s::float8[])
                     AS b(region_name, shard_scope, shard_identifier, delay)
-                WHERE l."outbox" = %(label)s AND l."token" = %(token)s
-                  AND {self.same_lease("l", "b")}
+                    ON {self.same_lease("h", "b")}
+                WHERE l."id" = h."id"
                 RETURNING 1
             ),
             released AS (
                 DELETE FROM {self.lease} l
-                USING unnest(%(r_regions)s::text[], %(r_scopes)s::integer[],
-                             %(r_identifiers)s::bigint[])
+                USING held h JOIN unnest(%(r_regions)s::text[], %(r_scopes)s::integer[],
+                                         %(r_identifiers)s::bigint[])
                     AS r(region_name, shard_scope, shard_identifier)
-                WHERE l."outbox" = %(label)s AND l."token" = %(token)s
-                  AND {self.same_lease("l", "r")} AND (SELECT yes FROM all_held)
+                    ON {self.same_lease("h", "r")}
+                WHERE l."id" = h."id" AND (SELECT yes FROM all_held)
                 RETURNING 1
             )
             SELECT (SELECT count(*) FROM gone), h."region_name", h."shard_scope",
