@@ -1,0 +1,24 @@
+"""Scopes and categories of the benchmark, one category per workload shape.
+
+Values start at 900 so they never clash with a project's own; the bench settings load
+only `outbox` and this app anyway.
+"""
+
+from __future__ import annotations
+
+from outbox import OutboxCategory, OutboxScope
+
+
+class BenchCategory(OutboxCategory):
+    AUDIT_EVENT = 901  # one message per shard
+    STREAM_UPDATE = 902  # ordered streams: many objects per shard, one message each
+    OBJECT_UPDATE = 903  # heavy coalescing: many updates per object
+    SYNC_FLUSH = 904  # synchronous flush latency
+    ITEM_UPDATE = 905  # write overhead
+
+
+class BenchScope(OutboxScope):
+    AUDIT = 900, {BenchCategory.AUDIT_EVENT}
+    STREAM = 901, {BenchCategory.STREAM_UPDATE}
+    OBJECT = 902, {BenchCategory.OBJECT_UPDATE, BenchCategory.ITEM_UPDATE}
+    SYNC = 903, {BenchCategory.SYNC_FLUSH}

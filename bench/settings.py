@@ -1,0 +1,51 @@
+"""Django settings of the benchmark: PostgreSQL, the `outbox` app and the `bench` app.
+
+Connection: PGHOST, PGPORT, PGUSER, PGPASSWORD (defaults 127.0.0.1:5432, postgres).
+Database: OUTBOX_BENCH_DB (default `outbox_bench`; the harness creates it).
+Batch size of every contender: OUTBOX_BENCH_BATCH_ROWS and OUTBOX_BENCH_BATCH_SHARDS,
+set by `python -m bench` before Django starts, so worker processes inherit them;
+OUTBOX_BENCH_FAST_PATH=0 (`--portable`) turns the engine's PostgreSQL fast path off.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+SECRET_KEY = "outbox-bench"
+DEBUG = False  # DEBUG would log every query in memory and slow every contender down
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+HAS_PROCRASTINATE = importlib.util.find_spec("procrastinate") is not None
+
+INSTALLED_APPS = [
+    "outbox",
+    "bench",
+    *(["procrastinate.contrib.django"] if HAS_PROCRASTINATE else []),
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("OUTBOX_BENCH_DB", "outbox_bench"),
+        "USER": os.environ.get("PGUSER", "postgres"),
+        "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+        "PORT": os.environ.get("PGPORT", "5432"),
+    }
+}
+
+OUTBOX_BATCH_ROWS = int(os.environ.get("OUTBOX_BENCH_BATCH_ROWS", "2000"))
+OUTBOX_BATCH_SHARDS = int(os.environ.get("OUTBOX_BENCH_BATCH_SHARDS", "100"))
+if os.environ.get("OUTBOX_BENCH_FAST_PATH") == "0":  # `python -m bench --portable`
+    OUTBOX_FAST_PATH = False
+# Errors must surface: the bench checks every drained row reached its receiver.
+OUTBOX_FLUSH_STRICT = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "loggers": {"procrastinate": {"level": "WARNING"}},
+}

@@ -1,0 +1,108 @@
+"""(e) Write overhead: what adding the outbox row costs the transaction that saves a model.
+
+Variants, each one committed `transaction.atomic()` per iteration, on the same rows:
+
+- `save`: `item.save()` alone (an UPDATE of an existing row);
+- `save_outbox`: the same save plus one RegionOutbox row, inside
+  `outbox_context(transaction.atomic(), flush=False)` (the README's pattern; the row is
+  left for the drain, so only the write is measured);
+- `save_procrastinate` (when installed): the same save plus deferring one procrastinate
+  job through its Django integration, inside the same transaction.
+
+The variants alternate in blocks (rotating which goes first each round) so that noise
+on this shared machine hits all of them alike; a warm-up block of each runs first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+POOL = 100
+
+
+def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[[int], None]]:
+    from django.db import transaction
+
+    from bench.outboxes import BenchCategory, BenchScope
+    from outbox import outbox_context
+    from outbox.models import RegionOutbox
+
+    def touch(i: int) -> Any:
+        item = items[i % len(items)]
+        item.version += 1
+        return item
+
+    def save(i: int) -> None:
+        item = touch(i)
+        with transaction.atomic():
+            item.save()
+
+    def save_outbox(i: int) -> None:
+        item = touch(i)
+        with outbox_context(transaction.atomic(), flush=False):
+            item.save()
+            RegionOutbox(
+                shard_scope=BenchScope.OBJECT,
+                shard_identifier=item.pk,
+                category=BenchCategory.ITEM_UPDATE,
+                object_identifier=item.pk,
+                payload={"name": item.name, "version": item.version},
+            ).save()
+
+    variants: dict[str, Callable[[int], None]] = {"save": save, "save_outbox": save_outbox}
+    if with_procrastinate:
+        from bench.tasks import deliver
+
+        def save_procrastinate(i: int) -> None:
+            item = touch(i)
+            with transaction.atomic():
+                item.save()
+                deliver.configure(lock=f"{int(BenchScope.OBJECT)}:{item.pk}").defer(
+                    shard_scope=int(BenchScope.OBJECT),
+                    shard_identifier=item.pk,
+                    object_identifier=item.pk,
+                    payload={"name": item.name, "version": item.version},
+                )
+
+        variants["save_procrastinate"] = save_procrastinate
+    return variants
+
+
+def measure(iterations: int, block: int, with_procrastinate: bool) -> dict[str, Any]:
+    """Time `iterations` of each variant, alternating blocks of `block` iterations."""
+    from bench.db import reset
+    from bench.models import Item
+
+    reset()
+    items = Item._default_manager.bulk_create(Item(name=f"item {n}") for n in range(POOL))
+    variants = _variants(items, with_procrastinate)
+    names = list(variants)
+    for name in names:  # warm-up: connections, statement caches, code paths
+        for i in range(block):
+            variants[name](i)
+    spent = dict.fromkeys(names, 0.0)
+    rounds = max(iterations // block, 1)
+    counter = 0
+    for round_ in range(rounds):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            function = variants[name]
+            started = time.perf_counter()
+            for _ in range(block):
+                function(counter)
+                counter += 1
+            spent[name] += time.perf_counter() - started
+    done = rounds * block
+    per_op_us = {name: spent[name] / done * 1e6 for name in names}
+    result: dict[str, Any] = {
+        "iterations_each": done,
+        "block": block,
+        "per_op_us": per_op_us,
+        "ratio": per_op_us["save_outbox"] / per_op_us["save"],
+    }
+    if "save_procrastinate" in per_op_us:
+        result["procrastinate_ratio"] = per_op_us["save_procrastinate"] / per_op_us["save"]
+    reset()
+    return result
