@@ -34,6 +34,13 @@ DATABASES = {
         "PASSWORD": os.environ.get("PGPASSWORD", ""),
         "HOST": os.environ.get("PGHOST", "127.0.0.1"),
         "PORT": os.environ.get("PGPORT", "5432"),
+        # OUTBOX_BENCH_PREPARED=1: server-side binding with prepared statements (Django
+        # leaves them off by default, for connection poolers).
+        "OPTIONS": (
+            {"server_side_binding": True, "prepare_threshold": 2}
+            if os.environ.get("OUTBOX_BENCH_PREPARED") == "1"
+            else {}
+        ),
     }
 }
 
