@@ -54,6 +54,47 @@ SETTINGS: dict[str, Setting] = {
     "LOOP_INTERVAL_SECONDS": Setting(
         1.0, "How long `drain_outboxes --loop` sleeps when nothing is due."
     ),
+    "GRACEFUL_TIMEOUT_SECONDS": Setting(
+        30.0,
+        "After SIGTERM/SIGINT to `drain_outboxes` or a Celery warm shutdown: how long the "
+        "receiver in flight may still run. Past it the drain stops anyway and that shard's "
+        "lease expires normally.",
+    ),
+    "PROMPT_DRAIN": Setting(
+        None,
+        "Dotted path of a callable run after a commit that left outbox rows to the drain "
+        "(`flush=False`, or no `outbox_context`), with the database alias and the written "
+        "shards per table: `outbox.integrations.celery.prompt_drain` or "
+        "`outbox.integrations.django_tasks.prompt_drain` enqueue a drain of those shards.",
+    ),
+    "TASK_SHARDS": Setting(50, "Most shards one drain task (Celery or Django Tasks) is given."),
+    "TASK_SECONDS": Setting(
+        60.0,
+        "Time budget of one drain task: past it, the task finishes the receiver in flight, "
+        "releases its other shards and returns.",
+    ),
+    "CELERY_SCHEDULE_TASK": Setting(
+        "outbox.schedule_drains", "Name of the Celery task that fans due shards out."
+    ),
+    "CELERY_DRAIN_TASK": Setting("outbox.drain", "Name of the Celery task that drains shards."),
+    "CELERY_QUEUE": Setting(
+        None, "Queue of the outbox Celery tasks; `None` uses Celery's routing (default queue)."
+    ),
+    "CELERY_SCHEDULE_SECONDS": Setting(
+        5.0, "Interval of the beat entry that `add_beat_schedule()` adds."
+    ),
+    "CELERY_MAX_TASKS": Setting(
+        20,
+        "Per outbox table, most drain tasks queued or running at once: the scheduler keeps "
+        "the shards in flight (live leases) under this times `OUTBOX_TASK_SHARDS`.",
+    ),
+    "CELERY_TIME_LIMIT_SECONDS": Setting(
+        900.0,
+        "Celery hard time limit of a drain task: a worker process stuck past it is killed, "
+        "and its shards' leases expire.",
+    ),
+    "TASKS_BACKEND": Setting("default", "Django Tasks backend alias of the outbox tasks."),
+    "TASKS_QUEUE_NAME": Setting("default", "Django Tasks queue of the outbox tasks."),
 }
 
 

@@ -3,7 +3,9 @@
 The state lives in a ContextVar, so threads and asyncio tasks never see each other's.
 Rows tell this module which shards they wrote (`record_writes`); when flushing is on,
 the shards are handed to the engine by an on_commit hook of the row's own database.
-The engine is imported lazily: the write path sits below it.
+When it is off, and OUTBOX_PROMPT_DRAIN names a hook, the shards are handed to that hook
+at commit instead (to enqueue a drain task for them), so they need not wait for the
+next periodic drain. The engine is imported lazily: the write path sits below it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.db.transaction import Atomic
+from django.utils.module_loading import import_string
 
 from outbox.conf import outbox_settings
 from outbox.exceptions import OutboxContextRequired, OutboxError
@@ -65,11 +68,48 @@ class PendingFlush:
 
 
 @dataclass
+class PendingPromptDrain:
+    """Shards written on one database and left to the drain, handed once to the
+    OUTBOX_PROMPT_DRAIN hook by the first of their commit hooks."""
+
+    using: str
+    shards: dict[type[OutboxBase], set[ShardKey]] = field(default_factory=dict)
+    done: bool = False
+
+    def add(self, row: OutboxBase) -> None:
+        self.shards.setdefault(type(row), set()).add(row.shard_key)
+
+    def run(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        path = outbox_settings.PROMPT_DRAIN
+        if not path:
+            return
+        try:
+            import_string(path)(self.using, self.shards)
+        except Exception:
+            if outbox_settings.FLUSH_STRICT:
+                raise
+            shards = [str(key) for shards in self.shards.values() for key in shards]
+            logger.exception(
+                "outbox prompt drain failed; the rows stay for the periodic drain",
+                extra={
+                    "event": "outbox.prompt_drain_failed",
+                    "using": self.using,
+                    "shards": shards,
+                },
+            )
+
+
+@dataclass
 class _Frame:
     flush: bool
     has_transaction: bool
     # Shared by nested frames: one pending flush per database, until it runs.
     pending: dict[str, PendingFlush]
+    # Likewise for rows left to the drain, when OUTBOX_PROMPT_DRAIN is set.
+    prompt: dict[str, PendingPromptDrain] = field(default_factory=dict)
 
 
 _current: ContextVar[_Frame | None] = ContextVar("outbox_context", default=None)
@@ -94,7 +134,12 @@ def outbox_context(
             "outbox_context(flush=True) needs a transaction: pass "
             "transaction.atomic(using=...) or flush=False."
         )
-    frame = _Frame(flush, has_transaction, outer.pending if outer is not None else {})
+    frame = _Frame(
+        flush,
+        has_transaction,
+        outer.pending if outer is not None else {},
+        outer.prompt if outer is not None else {},
+    )
     token = _current.set(frame)
     try:
         if transaction is None:
@@ -117,7 +162,11 @@ def require_context() -> None:
 def record_writes(using: str, rows: Sequence[OutboxBase]) -> None:
     """Remember written shards so the current context flushes them after commit."""
     frame = _current.get()
-    if frame is None or not frame.flush or not rows:
+    if not rows:
+        return
+    if frame is None or not frame.flush:
+        if outbox_settings.PROMPT_DRAIN:
+            _record_for_prompt_drain(frame, using, rows)
         return
     pending = frame.pending.get(using)
     if pending is None or pending.done:
@@ -126,4 +175,17 @@ def record_writes(using: str, rows: Sequence[OutboxBase]) -> None:
         pending.add(row)
     # One hook per write, all running the same flush once: a hook registered inside a
     # savepoint that rolls back is dropped, and the others still flush.
+    transaction.on_commit(pending.run, using=using)
+
+
+def _record_for_prompt_drain(frame: _Frame | None, using: str, rows: Sequence[OutboxBase]) -> None:
+    # Outside any outbox_context each write gets its own hook; inside one, the writes of
+    # a transaction share one, like the flush above.
+    pending = frame.prompt.get(using) if frame is not None else None
+    if pending is None or pending.done:
+        pending = PendingPromptDrain(using)
+        if frame is not None:
+            frame.prompt[using] = pending
+    for row in rows:
+        pending.add(row)
     transaction.on_commit(pending.run, using=using)

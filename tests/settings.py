@@ -1,5 +1,6 @@
 """Settings of the test suite; OUTBOX_TEST_DB picks sqlite (default), postgres or mariadb."""
 
+import json
 import os
 
 SECRET_KEY = "outbox-tests"
@@ -76,3 +77,38 @@ ROOT_URLCONF = "tests.urls"
 # Short back-off so retry tests do not wait long; leases long enough for slow CI.
 OUTBOX_BACKOFF_BASE_SECONDS = 30.0
 OUTBOX_LEASE_SECONDS = 30.0
+
+# Tests that start worker processes (Celery, drain_outboxes) point them at the test
+# databases pytest created ("default=test_outbox,control=test_outbox_control"), and may
+# hand them settings as JSON.
+for _alias, _name in (
+    item.split("=", 1)
+    for item in os.environ.get("OUTBOX_TEST_DATABASE_NAMES", "").split(",")
+    if item
+):
+    DATABASES[_alias]["NAME"] = _name
+globals().update(json.loads(os.environ.get("OUTBOX_TEST_SETTINGS", "{}")))
+# Separate test databases for test runs side by side on one server ("_mine").
+if os.environ.get("OUTBOX_TEST_DB_SUFFIX") and TEST_DB != "sqlite":
+    for _config in DATABASES.values():
+        _config["TEST"] = {"NAME": f"test_{_config['NAME']}{os.environ['OUTBOX_TEST_DB_SUFFIX']}"}
+
+CELERY_BROKER_URL = os.environ.get("OUTBOX_TEST_BROKER_URL", "redis://127.0.0.1:6379/14")
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("OUTBOX_TEST_CELERY_QUEUE", "outbox-tests")
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# Django 6: the Django Tasks tests run the outbox tasks on the immediate backend and, with
+# django-tasks-db installed (the Django 6 tox envs), on its database backend and worker.
+try:
+    import django
+    import django_tasks_db  # noqa: F401
+except ImportError:
+    pass
+else:
+    if django.VERSION >= (6,):
+        INSTALLED_APPS.append("django_tasks_db")
+        TASKS = {
+            "default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+            "database": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+        }

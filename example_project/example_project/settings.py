@@ -102,8 +102,16 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 
-# Celery is not wired up yet; the broker is read here so deployments configure it once.
+# Celery (example_project/celery.py): `celery -A example_project worker -B`.
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
+# Drain tasks run for seconds: a worker process takes one at a time, so idle processes
+# of other workers get the rest instead of waiting behind it.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Set to "outbox.integrations.celery.prompt_drain" to send a drain task on each commit
+# that leaves rows to the drain, instead of waiting for the next beat tick.
+OUTBOX_PROMPT_DRAIN = env.str("OUTBOX_PROMPT_DRAIN", default=None)
+OUTBOX_CELERY_SCHEDULE_SECONDS = env.float("OUTBOX_CELERY_SCHEDULE_SECONDS", default=2.0)
 
 # Short back-off, so the demo's failing receiver is retried within a second.
 # Production values are seconds to minutes (the library defaults are 2s and 900s).

@@ -52,6 +52,7 @@ class Delivery(models.Model):
     object_identifier = models.BigIntegerField()
     payload = models.JSONField(null=True)
     thread = models.CharField(max_length=64, default="")
+    process = models.IntegerField(default=0)  # the pid, for tests with worker processes
     started = models.FloatField(default=0.0)
     ended = models.FloatField(default=0.0)
 

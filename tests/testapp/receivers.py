@@ -1,5 +1,6 @@
 """Receivers of the test app: they record every call, and can be told to fail or wait."""
 
+import os
 import threading
 import time
 
@@ -40,6 +41,7 @@ class Recorder:
                 object_identifier=kwargs["object_identifier"],
                 payload=kwargs["payload"],
                 thread=threading.current_thread().name,
+                process=os.getpid(),
                 started=started,
                 ended=time.monotonic(),
             )

@@ -1,7 +1,11 @@
 """`manage.py drain_outboxes`: drain what is due once, or keep draining with --loop.
 
 Exit status: 0 when every claimed shard was delivered; 3 when at least one receiver
-failed (its rows are rescheduled with back-off and kept).
+failed (its rows are rescheduled with back-off and kept); 4 when a stop signal's
+graceful timeout passed with a receiver still running (its shard's lease expires).
+
+SIGTERM/SIGINT stop it gracefully (`outbox.integrations.graceful`); a second one stops
+it at once.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.engine import DrainStats, drain_outboxes, outbox_models
 from outbox.exceptions import InvalidOutboxMessage
+from outbox.integrations import graceful
 from outbox.models import OutboxBase
 
 FAILED_EXIT_STATUS = 3
+ABANDONED_EXIT_STATUS = 4
 
 
 class Command(BaseCommand):
@@ -65,13 +71,23 @@ class Command(BaseCommand):
             scopes = [int(registry.scope_by_name(name)) for name in options["scope"]]
         except InvalidOutboxMessage as exc:
             raise CommandError(str(exc)) from exc
-        stop = threading.Event()
-        previous = self._stop_on_signals(stop)
+        previous = self._stop_on_signals()
         try:
-            total = self._drain(tables, scopes, stop, options)
+            outcome = graceful.run_gracefully(
+                lambda stop: self._drain(tables, scopes, stop, options), name="outbox-drain"
+            )
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            if previous:  # this command took the process's signals, and so its stop
+                graceful.reset()
+        if not outcome.finished or outcome.result is None:
+            raise CommandError(
+                "stopped with a receiver still running past the graceful timeout; "
+                "its shard's lease will expire",
+                returncode=ABANDONED_EXIT_STATUS,
+            )
+        total = outcome.result
         self.stdout.write(f"drain_outboxes: {total.summary()}")
         if total.failures:
             raise CommandError(
@@ -134,19 +150,21 @@ class Command(BaseCommand):
             f"{total.failures} failures after {elapsed:.0f}s ({rate:.0f} rows/s)"
         )
 
-    def _stop_on_signals(self, stop: threading.Event) -> dict[int, Any]:
-        """SIGTERM/SIGINT: claim nothing new, let the receiver in flight finish, release.
-
-        Returns the handlers it replaced, to be put back.
+    def _stop_on_signals(self) -> dict[int, Any]:
+        """SIGTERM/SIGINT: claim nothing new, let the receiver in flight finish within
+        OUTBOX_GRACEFUL_TIMEOUT_SECONDS, release the other leases; a second signal stops
+        at once. Returns the handlers it replaced, to be put back.
         """
         if threading.current_thread() is not threading.main_thread():
             return {}
 
         def request_stop(signum: int, frame: Any) -> None:
+            again = graceful.shutdown_requested()
             self.stderr.write(
-                f"drain_outboxes: signal {signum}, stopping after the current receiver"
+                f"drain_outboxes: signal {signum}, "
+                + ("stopping now" if again else "stopping after the current receiver")
             )
-            stop.set()
+            graceful.request_shutdown(force=again)
 
         return {
             signum: signal.signal(signum, request_stop)
