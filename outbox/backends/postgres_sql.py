@@ -21,12 +21,10 @@ class Statements:
     """The named statements for one outbox table."""
 
     walk_due: str  # skip-scan the shards in key order, keep due ones without a live lease
-    walk_due_after: str  # the same, starting after a key (fairness across calls)
-    walk_due_until: str  # the same, from the start up to and including a key (wrap-around)
     keys_due: str  # of the given keys, the due ones without a live lease
     claim_walk: str  # walk_due + claim, in one statement
-    claim_walk_after: str
-    claim_walk_until: str
+    claim_walk_after: str  # the same, starting after a key (fairness across calls)
+    claim_walk_until: str  # the same, from the start up to a key (the wrap-around)
     claim_keys: str  # keys_due + claim, in one statement
     read_window: str  # the first rows of each claimed shard, payload only for the newest
     settle: str  # delete delivered rows, reschedule failed ones, back off, release
@@ -262,8 +260,6 @@ class _Renderer:
         select_due = "SELECT * FROM due"
         return Statements(
             walk_due=f"WITH RECURSIVE {self.walk('')} {select_due}",
-            walk_due_after=f"WITH RECURSIVE {self.walk('after')} {select_due}",
-            walk_due_until=f"WITH RECURSIVE {self.walk('until')} {select_due}",
             keys_due=f"WITH {self.given_keys()} {select_due}",
             claim_walk=f"WITH RECURSIVE {self.walk('')}, {claim}",
             claim_walk_after=f"WITH RECURSIVE {self.walk('after')}, {claim}",
