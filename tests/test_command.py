@@ -4,9 +4,10 @@ import io
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from outbox.models import RegionOutbox
-from tests.conftest import committing
+from tests.conftest import committing, server_database_only
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory
 
 pytestmark = committing
@@ -55,3 +56,28 @@ def test_bad_arguments_are_clear_errors():
         drain("--table", "outbox.ShardLease")
     with pytest.raises(CommandError, match="Unknown scope"):
         drain("--scope", "NOPE")
+
+
+@server_database_only
+def test_loop_survives_losing_its_database_connection(calls, settings):
+    settings.OUTBOX_LEASE_SECONDS = 1.0
+    settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.2
+    cut = []
+
+    def cut_own_connection(sender, kwargs):
+        # As if the server or a proxy dropped the drainer's connection mid-batch.
+        if cut:
+            return
+        cut.append(True)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            else:
+                cursor.execute("SELECT CONNECTION_ID()")
+                cursor.execute(f"KILL CONNECTION {cursor.fetchone()[0]}")
+
+    calls.during_call = cut_own_connection
+    RegionOutboxFactory(shard_identifier=1, payload={"v": 1})
+    drain("--loop", "--max-seconds", "5", "--progress-every", "0")
+    assert cut and calls.payloads() == [{"v": 1}]
+    assert not RegionOutbox.objects.exists()

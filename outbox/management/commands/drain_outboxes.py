@@ -10,6 +10,7 @@ it at once.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import InterfaceError, OperationalError, connections
 
 from outbox.categories import registry
 from outbox.conf import outbox_settings
@@ -24,6 +26,8 @@ from outbox.engine import DrainStats, drain_outboxes, outbox_models
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.integrations import graceful
 from outbox.models import OutboxBase
+
+logger = logging.getLogger("outbox.engine")
 
 FAILED_EXIT_STATUS = 3
 ABANDONED_EXIT_STATUS = 4
@@ -112,14 +116,20 @@ class Command(BaseCommand):
             slice_end = time.monotonic() + every if every else None
             if deadline is not None:
                 slice_end = min(slice_end or deadline, deadline)
-            stats = drain_outboxes(
-                tables,
-                using=options["database"],
-                scopes=scopes or None,
-                identifiers=options["shard"] or None,
-                deadline=slice_end,
-                stop=stop,
-            )
+            try:
+                stats = drain_outboxes(
+                    tables,
+                    using=options["database"],
+                    scopes=scopes or None,
+                    identifiers=options["shard"] or None,
+                    deadline=slice_end,
+                    stop=stop,
+                )
+            except (OperationalError, InterfaceError):
+                if not options["loop"]:
+                    raise
+                self._reconnect_after_error()
+                stats = DrainStats()
             total.add(stats)
             now = time.monotonic()
             cut_short = slice_end is not None and now >= slice_end and stats.shards > 0
@@ -133,6 +143,17 @@ class Command(BaseCommand):
                 stop.wait(float(outbox_settings.LOOP_INTERVAL_SECONDS))
         total.seconds = time.monotonic() - started
         return total
+
+    def _reconnect_after_error(self) -> None:
+        """A lost connection (server restart, connection killed, network) must not end a
+        long-running drain: drop this thread's connections, so the next round opens new
+        ones. Leases of the interrupted batch expire by themselves."""
+        logger.warning(
+            "outbox drain lost its database connection; reconnecting",
+            exc_info=True,
+            extra={"event": "outbox.drain_reconnect"},
+        )
+        connections.close_all()
 
     def _table(self, label: str) -> type[OutboxBase]:
         try:
