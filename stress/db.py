@@ -1,0 +1,83 @@
+"""Server plumbing: create the stress database, empty its tables, kill connections."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def _raw(dbname: str | None) -> Any:
+    """A DB-API connection (autocommit) to the server, outside Django."""
+    if os.environ.get("STRESS_DB", "postgres") == "postgres":
+        import psycopg
+
+        return psycopg.connect(
+            host=os.environ.get("PGHOST", "127.0.0.1"),
+            port=int(os.environ.get("PGPORT", "5432")),
+            user=os.environ.get("PGUSER", "postgres"),
+            password=os.environ.get("PGPASSWORD", ""),
+            dbname=dbname or "postgres",
+            autocommit=True,
+            connect_timeout=10,
+        )
+    import MySQLdb
+
+    conn = MySQLdb.connect(
+        host=os.environ.get("MYSQL_HOST", "127.0.0.1"),
+        port=int(os.environ.get("MYSQL_PORT", "3306")),
+        user=os.environ.get("MYSQL_USER", "root"),
+        password=os.environ.get("MYSQL_PASSWORD", ""),
+        connect_timeout=10,
+    )
+    conn.autocommit(True)
+    return conn
+
+
+def create_database(name: str) -> None:
+    """Create the stress database if it does not exist."""
+    conn = _raw(None)
+    try:
+        cur = conn.cursor()
+        if os.environ.get("STRESS_DB", "postgres") == "postgres":
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+            if not cur.fetchone():
+                cur.execute(f'CREATE DATABASE "{name}"')
+        else:
+            cur.execute(f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4")
+    finally:
+        conn.close()
+
+
+def kill_server_connections(server_ids: list[int]) -> int:
+    """Terminate these connections from the server side; how many were alive."""
+    conn = _raw(None)
+    killed = 0
+    try:
+        cur = conn.cursor()
+        for server_id in server_ids:
+            try:
+                if os.environ.get("STRESS_DB", "postgres") == "postgres":
+                    cur.execute("SELECT pg_terminate_backend(%s)", [server_id])
+                    killed += bool(cur.fetchone()[0])
+                else:
+                    cur.execute(f"KILL CONNECTION {int(server_id)}")
+                    killed += 1
+            except Exception:  # already gone
+                pass
+    finally:
+        conn.close()
+    return killed
+
+
+def reset() -> None:
+    """Empty every table the run touches (Django must be set up)."""
+    from django.db import connection
+
+    from outbox.engine import outbox_models
+    from outbox.models import ShardLease
+    from stress.models import Conn, Control, Journal, Written
+
+    models = [*outbox_models(), ShardLease, Written, Journal, Control, Conn]
+    with connection.cursor() as cursor:
+        for model in models:
+            cursor.execute(f"DELETE FROM {connection.ops.quote_name(model._meta.db_table)}")

@@ -1,0 +1,74 @@
+"""Tables of the stress run: what committed, what was delivered, faults and connections."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Written(models.Model):
+    """One outbox message, inserted in the same transaction as its outbox row.
+
+    A rolled-back or killed transaction leaves no row here, so this is exactly what
+    committed. `sseq` increases with commit order within a shard (one writer owns a
+    shard); `seq` increases with commit order within a coalescing group.
+    """
+
+    shard = models.BigIntegerField()
+    category = models.IntegerField()
+    obj = models.BigIntegerField()
+    seq = models.BigIntegerField()
+    sseq = models.BigIntegerField()
+    at = models.FloatField(help_text="time.time() just before the commit")
+
+    class Meta:
+        indexes = [models.Index(fields=["shard", "sseq"])]
+
+    def __str__(self) -> str:
+        return f"write {self.shard}/{self.obj} seq {self.seq}"
+
+
+class Journal(models.Model):
+    """One receiver call, written by the receiver in its own autocommit INSERT."""
+
+    shard = models.BigIntegerField()
+    category = models.IntegerField()
+    obj = models.BigIntegerField()
+    seq = models.BigIntegerField()
+    sseq = models.BigIntegerField()
+    process = models.CharField(max_length=64)
+    pid = models.IntegerField()
+    start = models.FloatField()
+    end = models.FloatField()
+    ok = models.BooleanField()
+    hung = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"call {self.shard}/{self.obj} seq {self.seq} by {self.process}"
+
+
+class Control(models.Model):
+    """A fault the runner asks a receiver or writer to act out.
+
+    kind `fail`: receivers of `shard` raise until `until`; `hang`: the next receiver of
+    `shard` sleeps `seconds` (once); `stall`: a writer sleeps inside its transaction.
+    """
+
+    kind = models.CharField(max_length=16)
+    shard = models.BigIntegerField(default=0)
+    until = models.FloatField(default=0)
+    seconds = models.FloatField(default=0)
+    used = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"{self.kind} on shard {self.shard}"
+
+
+class Conn(models.Model):
+    """A database connection some stress process opened (server-side id), for faults."""
+
+    process = models.CharField(max_length=64)
+    pid = models.IntegerField()
+    server_id = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.process} connection {self.server_id}"
