@@ -189,25 +189,41 @@ class OutboxBackend(ABC):
 
 
 def coalesce(
-    model: type[OutboxBase], rows: Sequence[Sequence[int | str]]
-) -> dict[ShardKey, list[Group]]:
-    """Group rows read in id order into coalescing groups, per shard.
+    model: type[OutboxBase], rows: Sequence[Sequence[Any]]
+) -> tuple[dict[ShardKey, list[Group]], dict[Group, Sequence[Any]], dict[ShardKey, int]]:
+    """Group rows read in id order (within each shard) into coalescing groups.
 
-    Each row is the `shard_fields` values followed by id, category, object_identifier
-    and attempts. Groups come out in order of their oldest row.
+    Each row is the `shard_fields` values, then id, category, object_identifier and
+    attempts, then whatever else the caller read. Returns the groups per shard (in order
+    of their oldest row), each group's newest row, and the number of rows per shard.
+    This loop runs once per row read, so it is kept tight.
     """
     width = len(model.shard_fields)
-    shards: dict[ShardKey, list[Group]] = {}
-    groups: dict[tuple[ShardKey, int, int], Group] = {}
+    groups: dict[ShardKey, list[Group]] = {}
+    newest: dict[Group, Sequence[Any]] = {}
+    read: dict[ShardKey, int] = {}
+    per_shard: dict[tuple[Any, ...], tuple[ShardKey, list[Group], dict[tuple[int, int], Group]]]
+    per_shard = {}
+    last_raw: tuple[Any, ...] = ()
+    shard = ShardKey("", 0, 0)
+    shard_groups: list[Group] = []
+    by_object: dict[tuple[int, int], Group] = {}
     for row in rows:
-        shard = model.shard_key_of(row[:width])
-        row_id, category, object_identifier, attempts = (int(value) for value in row[width:])
-        group = groups.get((shard, category, object_identifier))
+        raw = tuple(row[:width])
+        if raw != last_raw:  # rows of one shard usually come together
+            last_raw = raw
+            if raw not in per_shard:
+                key = model.shard_key_of(raw)
+                per_shard[raw] = (key, groups.setdefault(key, []), {})
+                read[key] = 0
+            shard, shard_groups, by_object = per_shard[raw]
+        read[shard] += 1
+        object_key = (row[width + 1], row[width + 2])
+        group = by_object.get(object_key)
         if group is None:
-            group = groups[(shard, category, object_identifier)] = Group(
-                shard, category, object_identifier
-            )
-            shards.setdefault(shard, []).append(group)
-        group.row_ids.append(row_id)
-        group.attempts.append(attempts)
-    return shards
+            group = by_object[object_key] = Group(shard, *object_key)
+            shard_groups.append(group)
+        group.row_ids.append(row[width])
+        group.attempts.append(row[width + 3])
+        newest[group] = row  # the last row seen of a group is its newest
+    return groups, newest, read

@@ -156,7 +156,7 @@ class PortableBackend(OutboxBackend):
         rows = list(
             self.rows(model).filter(any_of(selectors)).order_by("id").values_list(*columns)[:limit]
         )
-        groups = coalesce(model, rows)
+        groups, _, _ = coalesce(model, rows)
         # One window for all shards: when it is full, any shard may continue past it.
         incomplete = set(shards) if len(rows) >= limit else set()
         newest_ids = [group.newest_id for shard_groups in groups.values() for group in shard_groups]

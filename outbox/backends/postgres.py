@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import connections
 
-from outbox.backends.base import FailedGroup, Group, Lease, Message, Window
+from outbox.backends.base import FailedGroup, Lease, Message, Window, coalesce
 from outbox.backends.portable import PortableBackend
 from outbox.backends.postgres_sql import statements
 from outbox.models import OutboxBase
@@ -136,7 +136,7 @@ class PostgresBackend(PortableBackend):
         per_shard = max(limit // max(len(shards), 1), 100)
         upper = [bounds.get(key) if bounds else None for key in shards]
         rows = self._fetch(statements(model).read_window, [*key_arrays(shards), upper, per_shard])
-        groups, newest, read = self._coalesce(model, rows)
+        groups, newest, read = coalesce(model, rows)
         message_at = len(model.shard_fields) + 4
         for group, row in newest.items():
             payload, date_added, scheduled_for = row[message_at:]
@@ -146,41 +146,6 @@ class PostgresBackend(PortableBackend):
             group.message = Message(group, payload, date_added, scheduled_for)
         incomplete = {shard for shard, count in read.items() if count >= per_shard}
         return Window(groups, incomplete)
-
-    @staticmethod
-    def _coalesce(
-        model: type[OutboxBase], rows: list[tuple[Any, ...]]
-    ) -> tuple[dict[ShardKey, list[Group]], dict[Group, tuple[Any, ...]], dict[ShardKey, int]]:
-        """Group rows (in shard order, id order within a shard) into coalescing groups.
-
-        Returns the groups per shard, each group's newest row, and the rows read per shard.
-        This loop runs once per row read, so it is kept tight.
-        """
-        width = len(model.shard_fields)
-        groups: dict[ShardKey, list[Group]] = {}
-        newest: dict[Group, tuple[Any, ...]] = {}
-        read: dict[ShardKey, int] = {}
-        raw_shard: tuple[Any, ...] = ()
-        shard = ShardKey("", 0, 0)
-        shard_groups: list[Group] = []
-        by_object: dict[tuple[int, int], Group] = {}
-        for row in rows:
-            if row[1 : width + 1] != raw_shard:
-                raw_shard = row[1 : width + 1]
-                shard = model.shard_key_of(raw_shard)
-                shard_groups = groups[shard] = []
-                by_object = {}
-                read[shard] = 0
-            read[shard] += 1
-            object_key = (row[width + 1], row[width + 2])
-            group = by_object.get(object_key)
-            if group is None:
-                group = by_object[object_key] = Group(shard, *object_key)
-                shard_groups.append(group)
-            group.row_ids.append(row[0])
-            group.attempts.append(row[width + 3])
-            newest[group] = row  # the last row seen of a group is its newest
-        return groups, newest, read
 
     def settle(
         self,

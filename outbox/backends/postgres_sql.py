@@ -181,7 +181,7 @@ class _Renderer:
             for column in ("date_added", "scheduled_for")
         ]
         return f"""
-            SELECT r."id", {cols}, r."category", r."object_identifier", r."attempts",
+            SELECT {cols}, r."id", r."category", r."object_identifier", r."attempts",
                 CASE WHEN {newest} THEN r."payload" END, {", ".join(times)}
             FROM {self.unnest_keys("k", "bigint")}
             CROSS JOIN LATERAL (
