@@ -46,6 +46,13 @@ SETTINGS: dict[str, Setting] = {
     "MAX_PAYLOAD_BYTES": Setting(
         1_000_000, "Largest accepted payload, measured as its JSON encoding in UTF-8."
     ),
+    "DEFER_WRITES": Setting(
+        True,
+        "Hold the outbox rows saved inside an `outbox_context` that opens the outermost "
+        "transaction, and write them in one statement as it commits (on PostgreSQL with "
+        "psycopg 3, in the COMMIT's round trip). Until then they have no primary key and "
+        "are not visible to queries in the block. Off, every save INSERTs at once.",
+    ),
     "FAST_PATH": Setting(
         True,
         "Use the PostgreSQL fast path on PostgreSQL. Off, PostgreSQL takes the portable "

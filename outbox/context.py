@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import TYPE_CHECKING
 
 from django.db import transaction
@@ -22,6 +23,7 @@ from django.db.transaction import Atomic
 from django.utils.module_loading import import_string
 
 from outbox.conf import outbox_settings
+from outbox.deferred import HeldRows, owned_database
 from outbox.exceptions import OutboxContextRequired, OutboxError
 from outbox.shards import ShardKey
 
@@ -110,6 +112,8 @@ class _Frame:
     pending: dict[str, PendingFlush]
     # Likewise for rows left to the drain, when OUTBOX_PROMPT_DRAIN is set.
     prompt: dict[str, PendingPromptDrain] = field(default_factory=dict)
+    # Rows held until commit, per database whose outermost transaction a frame owns.
+    held: dict[str, HeldRows] = field(default_factory=dict)
 
 
 _current: ContextVar[_Frame | None] = ContextVar("outbox_context", default=None)
@@ -139,7 +143,12 @@ def outbox_context(
         has_transaction,
         outer.pending if outer is not None else {},
         outer.prompt if outer is not None else {},
+        outer.held if outer is not None else {},
     )
+    owned = owned_database(transaction)
+    held = None
+    if owned is not None:
+        held = frame.held[owned] = HeldRows(owned)
     token = _current.set(frame)
     try:
         if transaction is None:
@@ -147,8 +156,33 @@ def outbox_context(
         else:
             with transaction:
                 yield transaction
+                if held is not None:
+                    # Gone before the commit hooks run, so their writes are not held.
+                    del frame.held[held.using]
+                    for row_frame, rows in _by_frame(held.write(then_commit=True)):
+                        _record(row_frame, held.using, rows)
     finally:
+        if held is not None:
+            held.discard()
+            frame.held.pop(held.using, None)
         _current.reset(token)
+
+
+def hold(rows: Sequence[OutboxBase], using: str) -> bool:
+    """Hold rows until the commit of the transaction an outbox_context owns on `using`
+    (see outbox.deferred); False when there is none and the caller INSERTs them now."""
+    frame = _current.get()
+    held = frame.held.get(using) if frame is not None else None
+    if held is None or not held.can_hold():
+        return False
+    held.hold(rows, frame)
+    return True
+
+
+def _by_frame(kept: list[tuple[OutboxBase, _Frame]]) -> Iterator[tuple[_Frame, list[OutboxBase]]]:
+    for _, group in groupby(kept, key=lambda item: id(item[1])):
+        entries = list(group)
+        yield entries[0][1], [row for row, _ in entries]
 
 
 def require_context() -> None:
@@ -161,7 +195,10 @@ def require_context() -> None:
 
 def record_writes(using: str, rows: Sequence[OutboxBase]) -> None:
     """Remember written shards so the current context flushes them after commit."""
-    frame = _current.get()
+    _record(_current.get(), using, rows)
+
+
+def _record(frame: _Frame | None, using: str, rows: Sequence[OutboxBase]) -> None:
     if not rows:
         return
     if frame is None or not frame.flush:

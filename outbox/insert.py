@@ -1,4 +1,4 @@
-"""The write path's single INSERT, without the ORM's per-call query compilation.
+"""The write path's INSERT, without the ORM's per-call query compilation.
 
 An outbox row is written inside the caller's transaction, next to their own model save;
 compiling a fresh INSERT through the ORM every time costs several times what the
@@ -6,11 +6,17 @@ statement itself costs the database. Here the statement text is built once per t
 database and set of database-defaulted columns, and only the values are prepared
 per row. Anything unusual (an update, a given primary key, multi-table inheritance, a
 database that cannot return the new key) goes through Django's own `save()`.
+
+`insert_rows` writes several rows of one table in one statement (the rows an
+`outbox_context` held back until its commit, see `outbox.deferred`); on PostgreSQL
+with client-side binding it can also carry the COMMIT in the same round trip.
 """
 
 from __future__ import annotations
 
-from functools import cache
+from collections.abc import Sequence
+from functools import cache, lru_cache
+from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -18,9 +24,16 @@ from django.db.models import signals
 from django.db.models.expressions import DatabaseDefault
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import Field
 
     from outbox.models import OutboxBase
+
+    # (table, which columns take their database default, the row, its parameters)
+    _Prepared = tuple[type[OutboxBase], tuple[bool, ...], OutboxBase, list[Any]]
+
+# Rows per multi-row INSERT at most, below every database's placeholder limit.
+MAX_ROWS_PER_STATEMENT = 500
 
 
 def can_insert_directly(row: OutboxBase, using: str, kwargs: dict[str, Any]) -> bool:
@@ -36,21 +49,66 @@ def can_insert_directly(row: OutboxBase, using: str, kwargs: dict[str, Any]) -> 
 
 def insert(row: OutboxBase, using: str) -> None:
     """INSERT the row and set its primary key, as `save()` would (signals included)."""
-    model = type(row)
+    insert_rows([row], using)
+
+
+def insert_rows(rows: Sequence[OutboxBase], using: str, *, then_commit: bool = False) -> None:
+    """INSERT rows that `can_insert_directly` accepted, in their order, and set their keys.
+
+    Consecutive rows of one table with the same database-defaulted columns share one
+    statement. `then_commit` appends COMMIT to the last statement (only where
+    `can_commit_with_insert` said so): the transaction then ends with it.
+    """
     connection = connections[using]
+    prepared = [_prepare(row, using) for row in rows]
+    runs = [
+        chunk
+        for _, run in groupby(prepared, key=lambda item: item[:2])
+        for chunk in _chunks(list(run), connection)
+    ]
+    with connection.cursor() as cursor:
+        for index, run in enumerate(runs):
+            model, defaulted = run[0][0], run[0][1]
+            sql = _statement(model, using, defaulted, len(run))
+            if then_commit and index == len(runs) - 1:
+                sql += "; COMMIT"
+            cursor.execute(sql, [param for item in run for param in item[3]])
+            for item, (pk,) in zip(run, cursor.fetchall(), strict=True):
+                _saved(item[2], pk, defaulted, using)
+
+
+def can_commit_with_insert(using: str) -> bool:
+    """Whether `insert_rows(..., then_commit=True)` works here: psycopg 3 with client-side
+    binding sends one multi-statement query, and its own commit afterwards finds the
+    transaction already ended and does nothing."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return is_psycopg3 and not connection.settings_dict.get("OPTIONS", {}).get(
+        "server_side_binding"
+    )
+
+
+def _prepare(row: OutboxBase, using: str) -> _Prepared:
+    model = type(row)
     if signals.pre_save.has_listeners(model):
         signals.pre_save.send(model, instance=row, raw=False, using=using, update_fields=None)
+    connection = connections[using]
     values = [field.pre_save(row, True) for field in _fields(model)]
     defaulted = tuple(isinstance(value, DatabaseDefault) for value in values)
-    sql = _statement(model, using, defaulted)
     params = [
         field.get_db_prep_save(value, connection=connection)
         for field, value, default in zip(_fields(model), values, defaulted, strict=True)
         if not default
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        (row.pk,) = cursor.fetchone()
+    return model, defaulted, row, params
+
+
+def _saved(row: OutboxBase, pk: int, defaulted: tuple[bool, ...], using: str) -> None:
+    model = type(row)
+    row.pk = pk
     for field, default in zip(_fields(model), defaulted, strict=True):
         if default:
             # Unknown until read back, as Django leaves database defaults it did not return.
@@ -63,15 +121,28 @@ def insert(row: OutboxBase, using: str) -> None:
         )
 
 
+def _chunks(run: list[_Prepared], connection: BaseDatabaseWrapper) -> list[list[_Prepared]]:
+    """Split a run into statements the database accepts (placeholder limits), or into
+    single rows where it cannot return the keys of a multi-row INSERT."""
+    if len(run) == 1:
+        return [run]
+    if connection.features.can_return_rows_from_bulk_insert:
+        fields = list(_fields(run[0][0]))
+        size = max(1, min(MAX_ROWS_PER_STATEMENT, connection.ops.bulk_batch_size(fields, run)))
+    else:
+        size = 1
+    return [run[start : start + size] for start in range(0, len(run), size)]
+
+
 @cache
 def _fields(model: type[OutboxBase]) -> tuple[Field[Any, Any], ...]:
     return tuple(field for field in model._meta.concrete_fields if not field.primary_key)
 
 
-@cache
-def _statement(model: type[OutboxBase], using: str, defaulted: tuple[bool, ...]) -> str:
-    """INSERT ... RETURNING pk; database-defaulted columns are left out, so they take
-    their default (SQLite has no DEFAULT keyword in VALUES)."""
+@lru_cache(maxsize=512)
+def _statement(model: type[OutboxBase], using: str, defaulted: tuple[bool, ...], rows: int) -> str:
+    """INSERT ... VALUES (...)[, (...)] RETURNING pk; database-defaulted columns are left
+    out, so they take their default (SQLite has no DEFAULT keyword in VALUES)."""
     quote = connections[using].ops.quote_name
     columns = [
         quote(str(field.column))
@@ -80,5 +151,5 @@ def _statement(model: type[OutboxBase], using: str, defaulted: tuple[bool, ...])
     ]
     table = quote(model._meta.db_table)
     pk = quote(str(model._meta.pk.column if model._meta.pk else "id"))
-    placeholders = ", ".join(["%s"] * len(columns))
-    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders}) RETURNING {pk}"
+    values = ", ".join([f"({', '.join(['%s'] * len(columns))})"] * rows)
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values} RETURNING {pk}"

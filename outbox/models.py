@@ -29,6 +29,13 @@ class OutboxQuerySet(models.QuerySet[_Row]):
         for row in rows:
             row.validate_message()
         context.require_context()
+        if (
+            not args
+            and not kwargs
+            and all(insert.can_insert_directly(row, self.db, {}) for row in rows)
+            and context.hold(rows, self.db)
+        ):
+            return rows  # written at the commit of the enclosing outbox_context
         created = super().bulk_create(rows, *args, **kwargs)
         context.record_writes(self.db, created)
         return created
@@ -80,6 +87,8 @@ class OutboxBase(models.Model):
         context.require_context()
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
         if not args and insert.can_insert_directly(self, using, kwargs):
+            if context.hold([self], using):
+                return  # written at the commit of the enclosing outbox_context
             insert.insert(self, using)
         else:
             super().save(*args, **kwargs)

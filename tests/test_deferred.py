@@ -1,0 +1,142 @@
+"""Rows held until commit (OUTBOX_DEFER_WRITES): written once, in save order, only if
+their transaction and savepoints survive, and with the COMMIT in one round trip on
+PostgreSQL."""
+
+import pytest
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from outbox import outbox_context
+from outbox.engine import drain_outboxes
+from outbox.models import ControlOutbox, RegionOutbox
+from tests.conftest import committing
+from tests.factories import ControlOutboxFactory, RegionOutboxFactory
+
+pytestmark = committing
+
+
+def payloads() -> list[object]:
+    return list(RegionOutbox.objects.order_by("id").values_list("payload", flat=True))
+
+
+def test_rows_are_written_as_the_block_commits():
+    with outbox_context(transaction.atomic(), flush=False):
+        row = RegionOutboxFactory(payload={"v": 1})
+        assert row.pk is None
+        assert not RegionOutbox.objects.exists()
+    assert row.pk is not None
+    assert RegionOutbox.objects.get().pk == row.pk
+    assert row.date_added is not None  # the database default is read back on access
+    assert not connection.in_atomic_block
+
+
+def test_order_of_saves_is_kept_across_savepoints_and_bulk_create(calls):
+    with outbox_context(transaction.atomic(), flush=False):
+        RegionOutboxFactory(object_identifier=7, payload={"v": 1})
+        with transaction.atomic():
+            RegionOutboxFactory(object_identifier=7, payload={"v": 2})
+        RegionOutbox.objects.bulk_create(
+            [RegionOutboxFactory.build(object_identifier=7, payload={"v": 3})]
+        )
+        RegionOutboxFactory(object_identifier=7, payload={"v": 4})
+    assert payloads() == [{"v": 1}, {"v": 2}, {"v": 3}, {"v": 4}]
+    drain_outboxes()
+    assert calls.payloads() == [{"v": 4}]
+
+
+def test_rows_of_a_rolled_back_savepoint_are_not_written():
+    with outbox_context(transaction.atomic(), flush=False):
+        RegionOutboxFactory(payload={"v": "before"})
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
+            RegionOutboxFactory(payload={"v": "inner"})
+            with transaction.atomic():  # released, then undone with its parent
+                RegionOutboxFactory(payload={"v": "innermost"})
+            raise ZeroDivisionError
+        with transaction.atomic():
+            RegionOutboxFactory(payload={"v": "kept savepoint"})
+        RegionOutboxFactory(payload={"v": "after"})
+    assert payloads() == [{"v": "before"}, {"v": "kept savepoint"}, {"v": "after"}]
+
+
+def test_rollback_writes_nothing_and_the_row_can_be_saved_again():
+    with pytest.raises(ZeroDivisionError), outbox_context(transaction.atomic(), flush=False):
+        row = RegionOutboxFactory(payload={"v": 1})
+        raise ZeroDivisionError
+    with outbox_context(transaction.atomic(), flush=False):
+        RegionOutboxFactory(payload={"v": 2})
+        transaction.set_rollback(True)
+    assert not RegionOutbox.objects.exists()
+    with outbox_context(transaction.atomic(), flush=False):
+        row.save()
+    assert payloads() == [{"v": 1}]
+
+
+def test_a_row_saved_twice_is_written_once_as_it_was_last():
+    with outbox_context(transaction.atomic(), flush=False):
+        row = RegionOutboxFactory(payload={"v": 1})
+        row.payload = {"v": 2}
+        row.save()
+    assert payloads() == [{"v": 2}]
+
+
+@pytest.mark.parametrize("how", ["nested in a transaction", "setting off"])
+def test_rows_are_written_at_once_where_the_context_does_not_own_the_commit(how):
+    def write() -> None:
+        with outbox_context(transaction.atomic(), flush=False):
+            row = RegionOutboxFactory()
+            assert row.pk is not None
+            assert RegionOutbox.objects.filter(pk=row.pk).exists()
+
+    if how == "setting off":
+        with override_settings(OUTBOX_DEFER_WRITES=False):
+            write()
+    else:
+        with transaction.atomic():
+            write()
+    assert RegionOutbox.objects.count() == 1
+
+
+def test_each_database_holds_its_own_rows(calls):
+    with outbox_context(transaction.atomic(), flush=False):
+        region = RegionOutboxFactory()
+        with outbox_context(transaction.atomic(using="control"), flush=False):
+            control = ControlOutboxFactory()
+            assert region.pk is None and control.pk is None
+        assert control.pk is not None and region.pk is None
+    assert region.pk is not None
+    assert ControlOutbox.objects.count() == 1 and RegionOutbox.objects.count() == 1
+
+
+def test_a_failing_insert_rolls_the_whole_block_back():
+    from tests.testapp.models import Organization
+
+    with (
+        pytest.raises(DatabaseError),  # IntegrityError, or DataError on MariaDB
+        outbox_context(transaction.atomic(), flush=False),
+    ):
+        Organization.objects.create(name="kept only if the outbox row is")
+        RegionOutboxFactory(attempts=-1)  # the database's check constraint refuses it
+    assert not Organization.objects.exists()
+    assert not RegionOutbox.objects.exists()
+    with outbox_context(transaction.atomic(), flush=False):  # the connection still works
+        RegionOutboxFactory()
+    assert RegionOutbox.objects.count() == 1
+
+
+@pytest.mark.skipif(
+    not settings.TEST_DB.startswith("postgres"), reason="the COMMIT rides along on PostgreSQL"
+)
+def test_postgresql_sends_the_insert_and_the_commit_together():
+    with (
+        CaptureQueriesContext(connection) as queries,
+        outbox_context(transaction.atomic(), flush=False),
+    ):
+        RegionOutboxFactory(object_identifier=1)
+        RegionOutboxFactory(object_identifier=2)
+    statements = [query["sql"] for query in queries.captured_queries]
+    assert len(statements) == 3, statements  # BEGIN (psycopg's), INSERT; COMMIT, COMMIT
+    assert statements[1].startswith('INSERT INTO "outbox_regionoutbox"')
+    assert statements[1].endswith("; COMMIT")
+    assert RegionOutbox.objects.count() == 2
