@@ -20,6 +20,9 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+ONLY_ALL = "sync,write,drains,scale"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group()
@@ -57,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        default="sync,write,drains,scale",
+        default=ONLY_ALL,
         help="comma-separated sections to run (default: all)",
     )
     parser.add_argument("--contenders", help="comma-separated contender names (default: all)")
@@ -234,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     data["problems"] = problems
     data["total_seconds"] = time.perf_counter() - started
     report.summarize(data)
-    stem = args.name or {"full": "latest", "quick": "quick", "smoke": "smoke"}[args.mode]
+    # A partial run never replaces the published full run.
+    partial = args.mode == "full" and args.only != ONLY_ALL
+    default_stem = "partial" if partial else args.mode
+    stem = args.name or {"full": "latest"}.get(default_stem, default_stem)
     written = report.write(data, args.out or RESULTS, stem)
     log(started, "wrote " + ", ".join(str(path) for path in written))
     print(report.markdown(data))
