@@ -1,9 +1,16 @@
-"""Checks an outbox row passes before anything is written."""
+"""Checks an outbox row passes before anything is written.
+
+Every check runs before any SQL, so a refused row leaves the caller's transaction usable
+on every database. The rules are the same on every database: a row accepted on SQLite
+in development is accepted by PostgreSQL and MariaDB in production.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+import re
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from outbox.categories import registry
 from outbox.conf import outbox_settings
@@ -15,21 +22,61 @@ if TYPE_CHECKING:
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
 
+# MariaDB's JSON_VALID (the CHECK of its JSON columns) refuses 32 levels of nesting.
+MAX_PAYLOAD_DEPTH = 31
+
+_INTEGER_FIELDS = ("shard_scope", "category", "shard_identifier", "object_identifier")
+# Escapes that may need a closer look: \u0000 (PostgreSQL's jsonb refuses it) and UTF-16
+# surrogates (PostgreSQL and MariaDB refuse lone ones; paired ones are fine).
+_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|d[89a-f])")
+_ESCAPE = re.compile(r"\\(?:u([0-9a-f]{4})|.)")
+_LONE_SURROGATE = "a lone surrogate, which is not valid Unicode"
+_CONTAINERS = (dict, list, tuple)
+
 
 def validate_message(row: OutboxBase) -> None:
     """Raise InvalidOutboxMessage, naming the problem, if the row must not be saved."""
-    for field in ("shard_scope", "category", "shard_identifier", "object_identifier"):
-        _check_integer(row, field)
+    model = type(row)
+    for field in _INTEGER_FIELDS:
+        _check_integer(row, field, *_column_range(model, field))
+    for field in model.shard_fields:
+        _check_text(row, field)
     registry.check_pair(row.shard_scope, row.category)
     _check_payload(row)
 
 
-def _check_integer(row: OutboxBase, field: str) -> None:
+@cache
+def _column_range(model: type[OutboxBase], field: str) -> tuple[int, int]:
+    """The values every supported database stores in this integer column."""
+    from django.db.backends.base.operations import BaseDatabaseOperations
+
+    kind = model._meta.get_field(field).get_internal_type()
+    return BaseDatabaseOperations.integer_field_ranges.get(kind, (BIGINT_MIN, BIGINT_MAX))
+
+
+def _check_integer(row: OutboxBase, field: str, low: int, high: int) -> None:
     value = getattr(row, field)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidOutboxMessage(f"{field} must be an integer, got {value!r}.")
-    if not BIGINT_MIN <= value <= BIGINT_MAX:
-        raise InvalidOutboxMessage(f"{field}={value} does not fit a signed 64-bit column.")
+    if not low <= value <= high:
+        raise InvalidOutboxMessage(
+            f"{field}={value} does not fit its column, which holds {low} to {high}."
+        )
+
+
+def _check_text(row: OutboxBase, field: str) -> None:
+    """Text shard columns (region_name): no NUL, no lone surrogates, on any database."""
+    value = getattr(row, field)
+    if not isinstance(value, str):
+        return  # integer columns are checked above
+    if "\x00" in value:
+        raise InvalidOutboxMessage(f"{field} {value!r} contains a NUL character.")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidOutboxMessage(
+            f"{field} {value!r} is not valid Unicode (it has a lone surrogate)."
+        ) from None
 
 
 def _check_payload(row: OutboxBase) -> None:
@@ -37,6 +84,11 @@ def _check_payload(row: OutboxBase) -> None:
         # allow_nan=False: NaN and infinity are not JSON, and PostgreSQL would reject
         # them mid-transaction, leaving the caller's transaction broken.
         encoded = json.dumps(row.payload, allow_nan=False)
+    except RecursionError:
+        raise InvalidOutboxMessage(
+            f"payload of category {row.category} is nested more than "
+            f"{MAX_PAYLOAD_DEPTH} levels deep."
+        ) from None
     except (TypeError, ValueError) as exc:
         raise InvalidOutboxMessage(
             f"payload of category {row.category} is not JSON-serialisable: {exc}"
@@ -48,3 +100,53 @@ def _check_payload(row: OutboxBase) -> None:
             f"payload of category {row.category} is {size} bytes, over "
             f"OUTBOX_MAX_PAYLOAD_BYTES={limit}."
         )
+    problem = "\\u" in encoded and _SUSPECT_ESCAPE.search(encoded) and _bad_escape(encoded)
+    if problem:
+        raise InvalidOutboxMessage(f"payload of category {row.category} contains {problem}.")
+    if encoded.count("[") + encoded.count("{") > MAX_PAYLOAD_DEPTH and _too_deep(row.payload):
+        raise InvalidOutboxMessage(
+            f"payload of category {row.category} is nested more than "
+            f"{MAX_PAYLOAD_DEPTH} levels deep (MariaDB's JSON limit)."
+        )
+
+
+def _bad_escape(encoded: str) -> str | None:
+    """Name the first \\u0000 or unpaired surrogate among the escapes of a JSON text.
+
+    In json.dumps output a backslash only ever starts an escape, so scanning escapes from
+    the left never mistakes an escaped backslash followed by "u0000" for one.
+    """
+    high_end = None  # where an unpaired high surrogate ended
+    for match in _ESCAPE.finditer(encoded):
+        code = int(match.group(1), 16) if match.group(1) else None
+        if high_end is not None:
+            if match.start() == high_end and code is not None and 0xDC00 <= code <= 0xDFFF:
+                high_end = None
+                continue
+            return _LONE_SURROGATE
+        if code == 0:
+            return "a NUL character (\\u0000), which PostgreSQL cannot store"
+        if code is not None and 0xD800 <= code <= 0xDBFF:
+            high_end = match.end()
+        elif code is not None and 0xDC00 <= code <= 0xDFFF:
+            return _LONE_SURROGATE
+    return _LONE_SURROGATE if high_end is not None else None
+
+
+def _too_deep(payload: object) -> bool:
+    """Whether arrays and objects nest more than MAX_PAYLOAD_DEPTH deep in the payload.
+
+    Walked level by level on the Python value (json.dumps accepted it, so it holds only
+    dicts, lists, tuples and scalars), following containers only.
+    """
+    level: list[Any] = [payload] if isinstance(payload, _CONTAINERS) else []
+    for _ in range(MAX_PAYLOAD_DEPTH):
+        level = [
+            child
+            for value in level
+            for child in (value.values() if isinstance(value, dict) else value)
+            if isinstance(child, _CONTAINERS)
+        ]
+        if not level:
+            return False
+    return True
