@@ -11,7 +11,7 @@ next periodic drain. The engine is imported lazily: the write path sits below it
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -57,16 +57,8 @@ class PendingFlush:
         self.done = True
         from outbox.engine import flush_shards
 
-        try:
+        with _logged_unless_strict("outbox.flush_failed", self.using, self.bounds):
             flush_shards(self.using, self.bounds)
-        except Exception:
-            if outbox_settings.FLUSH_STRICT:
-                raise
-            shards = [str(key) for shards in self.bounds.values() for key in shards]
-            logger.exception(
-                "outbox flush failed; the rows stay for the drain",
-                extra={"event": "outbox.flush_failed", "using": self.using, "shards": shards},
-            )
 
 
 @dataclass
@@ -88,20 +80,33 @@ class PendingPromptDrain:
         path = outbox_settings.PROMPT_DRAIN
         if not path:
             return
-        try:
+        with _logged_unless_strict("outbox.prompt_drain_failed", self.using, self.shards):
             import_string(path)(self.using, self.shards)
-        except Exception:
-            if outbox_settings.FLUSH_STRICT:
-                raise
-            shards = [str(key) for shards in self.shards.values() for key in shards]
-            logger.exception(
-                "outbox prompt drain failed; the rows stay for the periodic drain",
-                extra={
-                    "event": "outbox.prompt_drain_failed",
-                    "using": self.using,
-                    "shards": shards,
-                },
-            )
+
+
+_FAILURE_MESSAGES = {
+    "outbox.flush_failed": "outbox flush failed; the rows stay for the drain",
+    "outbox.prompt_drain_failed": (
+        "outbox prompt drain failed; the rows stay for the periodic drain"
+    ),
+}
+
+
+@contextmanager
+def _logged_unless_strict(
+    event: str, using: str, shards: Mapping[type[OutboxBase], Iterable[ShardKey]]
+) -> Iterator[None]:
+    """After commit the rows are durable: an error of the hook is logged, not raised
+    into the request, unless OUTBOX_FLUSH_STRICT."""
+    try:
+        yield
+    except Exception:
+        if outbox_settings.FLUSH_STRICT:
+            raise
+        names = [str(key) for keys in shards.values() for key in keys]
+        logger.exception(
+            _FAILURE_MESSAGES[event], extra={"event": event, "using": using, "shards": names}
+        )
 
 
 @dataclass
