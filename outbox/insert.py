@@ -19,7 +19,7 @@ from functools import cache, lru_cache
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
+from django.db import connections, models
 from django.db.models import signals
 from django.db.models.expressions import DatabaseDefault
 
@@ -31,6 +31,15 @@ if TYPE_CHECKING:
 
     # (table, which columns take their database default, the row, its parameters)
     _Prepared = tuple[type[OutboxBase], tuple[bool, ...], OutboxBase, list[Any]]
+
+_MISSING = object()
+_PLAIN_TYPES: dict[type, type] = {
+    models.IntegerField: int,
+    models.BigIntegerField: int,
+    models.PositiveIntegerField: int,
+    models.TextField: str,
+    models.CharField: str,
+}
 
 # Rows per multi-row INSERT at most, below every database's placeholder limit.
 MAX_ROWS_PER_STATEMENT = 500
@@ -96,14 +105,27 @@ def _prepare(row: OutboxBase, using: str) -> _Prepared:
     if signals.pre_save.has_listeners(model):
         signals.pre_save.send(model, instance=row, raw=False, using=using, update_fields=None)
     connection = connections[using]
-    values = [field.pre_save(row, True) for field in _fields(model)]
-    defaulted = tuple(isinstance(value, DatabaseDefault) for value in values)
-    params = [
-        field.get_db_prep_save(value, connection=connection)
-        for field, value, default in zip(_fields(model), values, defaulted, strict=True)
-        if not default
-    ]
-    return model, defaulted, row, params
+    values = row.__dict__
+    defaulted: list[bool] = []
+    params: list[Any] = []
+    for field, plain, null in _plain_fields(model):
+        value = values.get(field.attname, _MISSING)
+        if plain is not None and isinstance(value, plain) and not isinstance(value, bool):
+            # Stock int and text columns take the value as it is (validated already);
+            # int() turns enum members into plain ints.
+            defaulted.append(False)
+            params.append(int(value) if plain is int else value)  # type: ignore[call-overload]
+            continue
+        if value is None and null:
+            defaulted.append(False)
+            params.append(None)
+            continue
+        value = field.pre_save(row, True)
+        default = isinstance(value, DatabaseDefault)
+        defaulted.append(default)
+        if not default:
+            params.append(field.get_db_prep_save(value, connection=connection))
+    return model, tuple(defaulted), row, params
 
 
 def _saved(row: OutboxBase, pk: int, defaulted: tuple[bool, ...], using: str) -> None:
@@ -132,6 +154,21 @@ def _chunks(run: list[_Prepared], connection: BaseDatabaseWrapper) -> list[list[
     else:
         size = 1
     return [run[start : start + size] for start in range(0, len(run), size)]
+
+
+@cache
+def _plain_fields(model: type[OutboxBase]) -> tuple[tuple[Field[Any, Any], type | None, bool], ...]:
+    """Each field; the Python type whose values it takes unchanged (stock integer and
+    text fields), or None; and whether None goes in as NULL unchanged (a JSON field's
+    None may mean JSON null, so it goes through the field)."""
+    return tuple(
+        (
+            field,
+            _PLAIN_TYPES.get(type(field)),
+            field.null and not isinstance(field, models.JSONField),
+        )
+        for field in _fields(model)
+    )
 
 
 @cache
