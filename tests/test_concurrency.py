@@ -140,3 +140,31 @@ def test_hung_receiver_loses_its_shard_after_the_deadline(calls, settings):
     run_threads(lambda: drain_outboxes([RegionOutbox]), other)
     assert taken_over["stats"].shards == 1
     assert taken_over["stats"].receiver_calls == 1
+
+
+def test_after_a_hung_receiver_its_batch_is_not_delivered_without_the_lease(calls, settings):
+    # Found by the stress runner: when the hung receiver returned, the rest of its batch
+    # (read before the hang) went to the receivers although another worker had taken
+    # the shards over, delivered and deleted those rows meanwhile.
+    settings.OUTBOX_LEASE_SECONDS = 1.0
+    settings.OUTBOX_RECEIVER_DEADLINE_SECONDS = 0.2
+    RegionOutboxFactory(shard_identifier=1, object_identifier=1, payload={"v": "hangs"})
+    RegionOutboxFactory(shard_identifier=2, object_identifier=2, payload={"v": "next"})
+    started = threading.Event()
+    taken_over = {}
+
+    def hang_once(sender, kwargs):
+        if kwargs["payload"] == {"v": "hangs"} and not started.is_set():
+            started.set()
+            time.sleep(2.5)
+
+    def other():
+        started.wait(10)
+        time.sleep(1.5)  # the batch's lease, no longer renewed, has expired
+        taken_over["stats"] = drain_outboxes([RegionOutbox])
+
+    calls.during_call = hang_once
+    run_threads(lambda: drain_outboxes([RegionOutbox]), other)
+    assert taken_over["stats"].shards == 2
+    assert calls.payloads().count({"v": "next"}) == 1
+    assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()

@@ -38,6 +38,11 @@ class Holding:
     def needs_renewal(self, now: float) -> bool:
         return now - self.renewed_at >= self.lease.seconds / 3
 
+    def renewal_overdue(self, now: float) -> bool:
+        """The keeper should have renewed by now (it stops for a hung receiver, and may
+        fall behind): the lease may be close to expiring, or gone."""
+        return now - self.renewed_at >= self.lease.seconds / 2
+
     def hung(self, now: float) -> bool:
         started = self.receiver_started
         deadline = float(outbox_settings.RECEIVER_DEADLINE_SECONDS)

@@ -183,6 +183,7 @@ class Drainer:
             for group in groups:
                 if self.stop.is_set():
                     return
+                self._confirm_lease(holding)
                 if shard in holding.lost:
                     round_.lost.add(shard)
                     break
@@ -190,6 +191,17 @@ class Drainer:
                     break  # removed by an operator meanwhile; the next read sees the rest
                 if not self._deliver_group(group, holding, round_):
                     break
+
+    def _confirm_lease(self, holding: Holding) -> None:
+        """Before the next receiver call: if the lease may have lapsed since its last
+        renewal (a receiver ran past the deadline, so the keeper stopped renewing it, or
+        the keeper fell behind), renew it here first. Shards another worker took
+        meanwhile are lost: their rows, read before, may be delivered and gone already."""
+        if not holding.renewal_overdue(time.monotonic()):
+            return
+        held = self._retrying(lambda: self.backend.renew(self.model, holding.lease))
+        holding.renewed_at = time.monotonic()
+        holding.lost.update(key for key in holding.lease.shards if key not in held)
 
     def _deliver_group(self, group: Group, holding: Holding, round_: _Round) -> bool:
         """Deliver one group; False when its shard must stop here."""
