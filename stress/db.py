@@ -48,21 +48,34 @@ def create_database(name: str) -> None:
         conn.close()
 
 
-def kill_server_connections(server_ids: list[int]) -> int:
-    """Terminate these connections from the server side; how many were alive."""
+def kill_server_connections(server_ids: list[int], process: str) -> int:
+    """Terminate these connections of a stress process from the server side; how many
+    were alive. Only live connections to the stress database are touched (PostgreSQL
+    reuses backend pids, and the server is shared)."""
     conn = _raw(None)
+    name = os.environ.get("STRESS_DB_NAME", "outbox_stress")
     killed = 0
     try:
         cur = conn.cursor()
-        for server_id in server_ids:
+        if os.environ.get("STRESS_DB", "postgres") == "postgres":
+            cur.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE pid = ANY(%s) AND datname = %s AND application_name = %s",
+                [list(server_ids), name, process[:60]],
+            )
+            return int(cur.fetchone()[0])
+        if not server_ids:
+            return 0
+        marks = ", ".join(["%s"] * len(server_ids))
+        cur.execute(
+            f"SELECT ID FROM information_schema.PROCESSLIST WHERE ID IN ({marks}) AND DB = %s",
+            [*server_ids, name],
+        )
+        for (server_id,) in cur.fetchall():
             try:
-                if os.environ.get("STRESS_DB", "postgres") == "postgres":
-                    cur.execute("SELECT pg_terminate_backend(%s)", [server_id])
-                    killed += bool(cur.fetchone()[0])
-                else:
-                    cur.execute(f"KILL CONNECTION {int(server_id)}")
-                    killed += 1
-            except Exception:  # already gone
+                cur.execute(f"KILL CONNECTION {int(server_id)}")
+                killed += 1
+            except Exception:  # gone meanwhile
                 pass
     finally:
         conn.close()

@@ -28,7 +28,12 @@ class Written(models.Model):
 
 
 class Journal(models.Model):
-    """One receiver call, written by the receiver in its own autocommit INSERT."""
+    """One receiver call, written by the receiver in its own autocommit INSERT (a hung
+    call: when it starts, with `ok` false, and updated if it returns).
+
+    `token` and `holder` are what the shard's lease row said when the call started: the
+    batch (lease) the call belongs to and the process holding it (`host:pid:thread`).
+    """
 
     shard = models.BigIntegerField()
     category = models.IntegerField()
@@ -41,6 +46,9 @@ class Journal(models.Model):
     end = models.FloatField()
     ok = models.BooleanField()
     hung = models.BooleanField(default=False)
+    slow = models.BooleanField(default=False, help_text="in flight when SIGTERM was sent")
+    token = models.CharField(max_length=32, default="")
+    holder = models.CharField(max_length=128, default="")
 
     def __str__(self) -> str:
         return f"call {self.shard}/{self.obj} seq {self.seq} by {self.process}"
@@ -50,7 +58,9 @@ class Control(models.Model):
     """A fault the runner asks a receiver or writer to act out.
 
     kind `fail`: receivers of `shard` raise until `until`; `hang`: the next receiver of
-    `shard` sleeps `seconds` (once); `stall`: a writer sleeps inside its transaction.
+    `shard` sleeps `seconds` (once); `slow`: the next drainer receiver of any shard with
+    more work pending sleeps `seconds` (once; the runner then SIGTERMs that drainer);
+    `stall`: writer number `shard` sleeps inside its transaction.
     """
 
     kind = models.CharField(max_length=16)

@@ -2,7 +2,8 @@
 
 Drainers are real `manage.py drain_outboxes --loop` processes with the stress settings.
 A supervisor restarts any drainer or writer that exits early (a drainer killed by a fault
-or crashed by a lost connection). Every fault is recorded with its time for the checker.
+or crashed by a lost connection). Every fault (`stress/faults.py`) is recorded with its
+time for the checker.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from stress import faults
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAINERS = 4
@@ -36,17 +39,18 @@ class Plan:
     max_faults: int = 10_000
 
 
+FAULT_KINDS = list(faults.KINDS)
+# Short: one fault of each kind, all well before the writers stop writing.
 SHORT = Plan(
     "short",
     messages=3000,
     shards=200,
     writers=2,
-    seconds=30,
-    fault_every=4.5,
-    max_faults=len(["fail", "hang", "kill", "terminate", "writer_kill"]),
+    seconds=40,
+    fault_every=3.5,
+    max_faults=len(FAULT_KINDS),
 )
-FULL = Plan("full", messages=100_000, shards=1000, writers=2, seconds=300, fault_every=20)
-FAULT_KINDS = ["fail", "hang", "kill", "terminate", "writer_kill"]
+FULL = Plan("full", messages=100_000, shards=1000, writers=2, seconds=300, fault_every=15)
 
 
 @dataclass
@@ -56,6 +60,10 @@ class Proc:
     generation: int
     popen: subprocess.Popen[bytes]
     log: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}-{self.generation}"
 
 
 @dataclass
@@ -67,6 +75,17 @@ class Run:
     faults: list[dict[str, Any]] = field(default_factory=list)
     restarts: list[dict[str, Any]] = field(default_factory=list)
     writers_done: set[int] = field(default_factory=set)
+    writing_until: float = 0.0  # writers spread their messages until then (epoch)
+
+    @property
+    def lease(self) -> float:
+        return float(self.env.get("STRESS_LEASE_SECONDS", "5"))
+
+    @property
+    def graceful_timeout(self) -> float:
+        from django.conf import settings
+
+        return float(settings.OUTBOX_GRACEFUL_TIMEOUT_SECONDS)
 
     def start_drainer(self, index: int, generation: int) -> None:
         name = f"drainer-{index}-{generation}"
@@ -95,7 +114,7 @@ class Run:
             str(generation),
             str(p.shards),
             str(p.messages),
-            str(p.seconds),
+            str(self.writing_until),
         ]
         self._start("writer", index, generation, name, args)
 
@@ -116,70 +135,34 @@ class Run:
                 self.writers_done.add(proc.index)
                 del self.procs[key]
                 continue
-            self.restarts.append(
-                {"at": time.time(), "process": key, "pid": proc.popen.pid, "exit": code}
-            )
-            if proc.role == "drainer":
-                self.start_drainer(proc.index, proc.generation + 1)
-            else:
-                self.start_writer(proc.index, proc.generation + 1)
+            self.restart(proc)
+
+    def restart(self, proc: Proc, cause: str = "") -> None:
+        """Start the next generation of an exited process (`cause`: a planned stop)."""
+        self.restarts.append(
+            {
+                "at": time.time(),
+                "process": proc.name,
+                "pid": proc.popen.pid,
+                "exit": proc.popen.returncode,
+                "cause": cause,
+            }
+        )
+        if proc.role == "drainer":
+            self.start_drainer(proc.index, proc.generation + 1)
+        else:
+            self.start_writer(proc.index, proc.generation + 1)
 
     def drainers(self) -> list[Proc]:
         return [p for p in self.procs.values() if p.role == "drainer"]
 
     def inject(self, kind: str, rng: random.Random) -> None:
         """Inject one fault of this kind and record it."""
-        from stress import db
-        from stress.models import Conn, Control, Journal
-
-        now = time.time()
-        record: dict[str, Any] = {"kind": kind, "at": now}
-        lease = float(self.env.get("STRESS_LEASE_SECONDS", "5"))
-        recent = list(
-            Journal.objects.filter(start__gt=now - 5).values_list("shard", flat=True)[:200]
-        )
-        shard = rng.choice(recent) if recent else rng.randint(1, self.plan.shards)
-        if kind == "fail":
-            Control.objects.create(kind="fail", shard=shard, until=now + 3)
-            record.update(shard=shard, until=now + 3)
-        elif kind == "hang":
-            Control.objects.create(kind="hang", shard=shard, seconds=lease * 2 + 2)
-            record.update(shard=shard, seconds=lease * 2 + 2)
-        elif kind in ("kill", "terminate"):
-            proc = rng.choice(self.drainers())
-            record.update(pid=proc.popen.pid, process=f"drainer-{proc.index}-{proc.generation}")
-            if kind == "kill":
-                proc.popen.send_signal(signal.SIGKILL)
-                proc.popen.wait(10)
-                time.sleep(1.0)
-                self.supervise()
-            else:
-                ids = list(
-                    Conn.objects.filter(pid=proc.popen.pid).values_list("server_id", flat=True)
-                )
-                record["connections"] = db.kill_server_connections(ids)
-        elif kind == "writer_kill":
-            writers = [p for p in self.procs.values() if p.role == "writer"]
-            if not writers:
-                record["skipped"] = "no writer running"
-            else:
-                proc = rng.choice(writers)
-                marker = self.tmp / f"writer-{proc.index}.stall"
-                marker.unlink(missing_ok=True)
-                control = Control.objects.create(kind="stall")
-                deadline = time.monotonic() + 10
-                while not marker.exists() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                record.update(pid=proc.popen.pid, in_transaction=marker.exists())
-                proc.popen.send_signal(signal.SIGKILL)
-                proc.popen.wait(10)
-                control.delete()
-                self.supervise()
+        record: dict[str, Any] = {"kind": kind, "at": time.time()}
+        faults.KINDS[kind](self, rng, record)
         self.faults.append(record)
-        print(
-            f"  fault {kind}: {json.dumps({k: v for k, v in record.items() if k != 'kind'})}",
-            flush=True,
-        )
+        shown = {k: v for k, v in record.items() if k != "kind"}
+        print(f"  fault {kind}: {json.dumps(shown)}", flush=True)
 
     def stop_all(self) -> None:
         for proc in self.procs.values():
@@ -193,7 +176,7 @@ class Run:
                 proc.popen.wait(10)
 
 
-def execute(plan: Plan, tmp: Path, faults: bool = True) -> dict[str, Any]:
+def execute(plan: Plan, tmp: Path, inject_faults: bool = True) -> dict[str, Any]:
     """Run the plan; return what the checker needs besides the tables."""
     from outbox.models import RegionOutbox
 
@@ -204,39 +187,49 @@ def execute(plan: Plan, tmp: Path, faults: bool = True) -> dict[str, Any]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     run = Run(plan, tmp, env)
-    rng = random.Random(7)
     started = time.time()
+    run.writing_until = started + plan.seconds
     for i in range(DRAINERS):
         run.start_drainer(i, 0)
     for i in range(plan.writers):
         run.start_writer(i, 0)
-    kinds = list(FAULT_KINDS)
-    next_fault = time.monotonic() + plan.fault_every
-    hard_stop = time.monotonic() + plan.seconds * 4 + plan.drain_timeout
-    drained_at = None
     try:
-        while time.monotonic() < hard_stop:
-            run.supervise()
-            writing = len(run.writers_done) < plan.writers
-            if (
-                faults
-                and writing
-                and len(run.faults) < plan.max_faults
-                and time.monotonic() >= next_fault
-            ):
-                run.inject(kinds[len(run.faults) % len(kinds)], rng)
-                next_fault = time.monotonic() + plan.fault_every
-            if not writing and not RegionOutbox.objects.exists():
-                drained_at = time.time()
-                break
-            time.sleep(0.2)
+        drained = _until_drained(run, inject_faults)
     finally:
         run.stop_all()
     return {
         "faults": run.faults,
         "restarts": run.restarts,
         "seconds": time.time() - started,
-        "drained": drained_at is not None,
+        "drained": drained,
         "left_in_outbox": RegionOutbox.objects.count(),
-        "lease_seconds": float(env.get("STRESS_LEASE_SECONDS", "5")),
+        "lease_seconds": run.lease,
+        "graceful_timeout_s": run.graceful_timeout,
     }
+
+
+def _until_drained(run: Run, inject_faults: bool) -> bool:
+    """Supervise, inject faults in turn while the writers write, and wait until they are
+    done and the outbox is empty (False: the hard stop came first)."""
+    from outbox.models import RegionOutbox
+
+    plan = run.plan
+    rng = random.Random(7)
+    next_fault = time.monotonic() + plan.fault_every
+    hard_stop = time.monotonic() + plan.seconds * 4 + plan.drain_timeout
+    while time.monotonic() < hard_stop:
+        run.supervise()
+        writing = len(run.writers_done) < plan.writers
+        injected = [f for f in run.faults if not f.get("skipped")]  # skipped: again
+        if (
+            inject_faults
+            and writing
+            and len(injected) < plan.max_faults
+            and time.monotonic() >= next_fault
+        ):
+            run.inject(FAULT_KINDS[len(injected) % len(FAULT_KINDS)], rng)
+            next_fault = time.monotonic() + plan.fault_every
+        if not writing and not RegionOutbox.objects.exists():
+            return True
+        time.sleep(0.2)
+    return False

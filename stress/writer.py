@@ -1,10 +1,13 @@
 """A writer process: commits outbox messages with their `Written` record, sometimes rolls
-back, and stalls inside a transaction when the runner asks (so it can be SIGKILLed there).
+back, flushes some transactions synchronously after commit (racing the drainers for the
+shard), and stalls inside a transaction when the runner asks (so it can be SIGKILLed
+there).
 
-`python -m stress.writer INDEX WRITERS GENERATION SHARDS MESSAGES SECONDS`. Writer INDEX
+`python -m stress.writer INDEX WRITERS GENERATION SHARDS MESSAGES UNTIL`. Writer INDEX
 owns the shards s with s % WRITERS == INDEX, so each shard's commit order is this
-process's order. Sequence numbers start at GENERATION * 1e9, so a restarted writer keeps
-them increasing.
+process's order. It spreads its share of MESSAGES evenly until UNTIL (epoch seconds), so
+a restarted writer keeps the run's pace. Sequence numbers start at GENERATION * 1e9, so
+a restarted writer keeps them increasing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 
 ROLLBACK_RATE = 0.05
+FLUSH_RATE = 0.2  # transactions flushed right after commit: outbox_context(flush=True)
 COALESCING_RATE = 0.7
 OBJECTS_PER_SHARD = 3
 
@@ -24,75 +28,89 @@ class _Rollback(Exception):
     pass
 
 
-def main(argv: list[str]) -> int:
-    index, writers, generation, shards, messages = (int(a) for a in argv[:5])
-    seconds = float(argv[5])
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stress.settings")
-    import django
+class Writer:
+    """One writer's state: its shards, sequence numbers and random choices."""
 
-    django.setup()
-    from django.db import transaction
+    def __init__(self, index: int, writers: int, generation: int, shards: int) -> None:
+        self.index = index
+        self.owned = [s for s in range(1, shards + 1) if s % writers == index]
+        self.rng = random.Random(f"{index}-{generation}")
+        self.seq = generation * 1_000_000_000
+        self.sseq = dict.fromkeys(self.owned, self.seq)
+        self.stall_marker = Path(os.environ["STRESS_TMP"]) / f"writer-{index}.stall"
 
-    from outbox import outbox_context
-    from outbox.categories import unique_object_identifier
-    from outbox.models import RegionOutbox
-    from stress.models import Control, Written
-    from stress.outboxes import StressCategory, StressScope
+    def transaction(self, stall: bool) -> int:
+        """Commit (or roll back) 1 to 3 messages of one shard; how many committed."""
+        from django.db import transaction
 
-    stall_marker = Path(os.environ["STRESS_TMP"]) / f"writer-{index}.stall"
-    owned = [s for s in range(1, shards + 1) if s % writers == index]
-    rng = random.Random(f"{index}-{generation}")
-    base = generation * 1_000_000_000
-    seq = base
-    sseq: dict[int, int] = {s: base for s in owned}
-    already = Written.objects.filter(shard__in=owned).count()
-    target = messages // writers - already
-    rate = max(target, 1) / seconds
-    started = time.monotonic()
-    committed = 0
-    check_at = 0.0
-    stall = False
-    deadline = started + seconds * 4 + 60
-    while committed < target and time.monotonic() < deadline:
-        if time.monotonic() > check_at:
-            check_at = time.monotonic() + 0.3
-            stall = Control.objects.filter(kind="stall", used=False).exists()
-        shard = rng.choice(owned)
-        count = rng.randint(1, 3)
-        rollback = rng.random() < ROLLBACK_RATE
+        from outbox import outbox_context
+
+        shard = self.rng.choice(self.owned)
+        count = self.rng.randint(1, 3)
+        rollback = self.rng.random() < ROLLBACK_RATE
+        flush = self.rng.random() < FLUSH_RATE
         try:
-            with outbox_context(transaction.atomic(), flush=False):
+            with outbox_context(transaction.atomic(), flush=flush):
                 for _ in range(count):
-                    seq += 1
-                    sseq[shard] += 1
-                    if rng.random() < COALESCING_RATE:
-                        category = StressCategory.COALESCING
-                        obj = shard * 10 + rng.randrange(OBJECTS_PER_SHARD)
-                    else:
-                        category, obj = StressCategory.DISTINCT, unique_object_identifier()
-                    RegionOutbox(
-                        shard_scope=StressScope.STRESS,
-                        shard_identifier=shard,
-                        category=category,
-                        object_identifier=obj,
-                        payload={"seq": seq, "sseq": sseq[shard]},
-                    ).save()
-                    Written.objects.create(
-                        shard=shard,
-                        category=int(category),
-                        obj=obj,
-                        seq=seq,
-                        sseq=sseq[shard],
-                        at=time.time(),
-                    )
+                    self._write(shard)
                 if stall:
-                    stall_marker.touch()
+                    self.stall_marker.touch()
                     time.sleep(120)  # the runner SIGKILLs us here
                 if rollback:
                     raise _Rollback
         except _Rollback:
-            continue
-        committed += count
+            return 0
+        return count
+
+    def _write(self, shard: int) -> None:
+        from outbox.categories import unique_object_identifier
+        from outbox.models import RegionOutbox
+        from stress.models import Written
+        from stress.outboxes import StressCategory, StressScope
+
+        self.seq += 1
+        self.sseq[shard] += 1
+        if self.rng.random() < COALESCING_RATE:
+            category = StressCategory.COALESCING
+            obj = shard * 10 + self.rng.randrange(OBJECTS_PER_SHARD)
+        else:
+            category, obj = StressCategory.DISTINCT, unique_object_identifier()
+        payload = {"seq": self.seq, "sseq": self.sseq[shard]}
+        RegionOutbox(
+            shard_scope=StressScope.STRESS,
+            shard_identifier=shard,
+            category=category,
+            object_identifier=obj,
+            payload=payload,
+        ).save()
+        Written.objects.create(
+            shard=shard, category=int(category), obj=obj, at=time.time(), **payload
+        )
+
+
+def main(argv: list[str]) -> int:
+    index, writers, generation, shards, messages = (int(a) for a in argv[:5])
+    seconds = max(float(argv[5]) - time.time(), 5.0)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stress.settings")
+    import django
+
+    django.setup()
+    from stress.models import Control, Written
+
+    writer = Writer(index, writers, generation, shards)
+    already = Written.objects.filter(shard__in=writer.owned).count()
+    target = messages // writers - already
+    rate = max(target, 1) / seconds
+    started = time.monotonic()
+    deadline = started + seconds * 4 + 300
+    committed = 0
+    check_at = 0.0
+    stall = False
+    while committed < target and time.monotonic() < deadline:
+        if time.monotonic() > check_at:
+            check_at = time.monotonic() + 0.3
+            stall = Control.objects.filter(kind="stall", shard=index, used=False).exists()
+        committed += writer.transaction(stall)
         ahead = committed / rate - (time.monotonic() - started)
         if ahead > 0:
             time.sleep(min(ahead, 1.0))

@@ -1,0 +1,108 @@
+"""Publishing: stress/results/<name>.json holds one object per database (a run updates its
+own entry and keeps the others), <name>.md the same as a table, one column per database.
+Also the verdict: what makes a run fail."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+Row = tuple[str, Callable[[dict[str, Any]], Any]]
+
+
+def _kinds(counts: dict[str, int]) -> str:
+    return ", ".join(f"{kind} {n}" for kind, n in counts.items()) or "none"
+
+
+def _graceful(r: dict[str, Any]) -> str:
+    g = r["graceful"]
+    if not g["stops"]:
+        return "none"
+    return (
+        f"{g['stops']} stops, {g['failed']} failed; exit ≤ {g['max_exit_s']} s "
+        f"(timeout {r['graceful_timeout_s']:g} s); shard resumed ≤ {g['max_resume_s']} s "
+        f"after it had work due, {g['resumed_within_old_lease']} of {g['stops']} while the "
+        f"old lease ({r['lease_seconds']:g} s) would still have held it"
+    )
+
+
+def _pair(r: dict[str, Any], key: str, detail: str) -> str:
+    return f"{r[key]} ({r[detail]})"
+
+
+ROWS: list[Row] = [
+    ("messages (shards)", lambda r: f"{r['messages']} ({r['shards']})"),
+    ("receiver calls (by sync flush)", lambda r: f"{r['receiver_calls']} ({r['flush_calls']})"),
+    ("faults", lambda r: _kinds(r["faults"])),
+    ("lost", lambda r: r["lost"]),
+    ("phantoms (rolled back, delivered)", lambda r: r["phantoms"]),
+    ("order violations (unverified)", lambda r: _pair(r, "order_violations", "order_unverified")),
+    ("overlaps (after a hung call)", lambda r: f"{r['overlaps']} ({r['hung_overlaps']})"),
+    ("calls without the lease", lambda r: r["unleased_calls"]),
+    ("duplicates", lambda r: r["duplicates"]),
+    ("… explained by", lambda r: _kinds(r["duplicates_explained"])),
+    ("… unexplained", lambda r: r["unexplained_duplicates"]),
+    ("slowest recovery", lambda r: f"{r['slowest_recovery_s']} s"),
+    ("graceful stops", _graceful),
+    ("restarts (crashes)", lambda r: f"{r['restarts']} ({r['crashes']})"),
+    ("drained; run, check", lambda r: f"{r['drained']}; {r['seconds']} s, {r['check_seconds']} s"),
+    ("load average at start", lambda r: r.get("load_average", "")),
+]
+
+
+def problems(result: dict[str, Any], faults: bool) -> list[str]:
+    """Why this run fails; empty when it passes."""
+    found = [
+        f"{key} {result[key]}"
+        for key in (
+            "lost",
+            "phantoms",
+            "order_violations",
+            "overlaps",
+            "unleased_calls",
+            "unexplained_duplicates",
+        )
+        if result[key]
+    ]
+    if not faults and result["duplicates"]:
+        found.append(f"duplicates {result['duplicates']} without faults")
+    if not result["drained"]:
+        found.append(f"not drained: {result['left_in_outbox']} rows left")
+    if faults:
+        from stress.faults import KINDS
+
+        missing = [kind for kind in KINDS if kind not in result["faults"]]
+        if missing:
+            found.append(f"faults never injected: {', '.join(missing)}")
+    for stop in result["graceful_stops"]:
+        if stop["problems"]:
+            found.append(f"graceful stop on shard {stop['shard']}: {', '.join(stop['problems'])}")
+    return found
+
+
+def publish(name: str, database: str, result: dict[str, Any]) -> str:
+    """Merge this database's result into <name>.json and rewrite <name>.md; the table."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    merged[database] = result
+    path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    names = sorted(merged)
+    lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for label, cell in ROWS:
+        lines.append(f"| {label} | " + " | ".join(_cell(cell, merged[n]) for n in names) + " |")
+    table = "\n".join(lines) + "\n"
+    runs = "\n".join(f"- {n}: {merged[n].get('finished', '?')}" for n in names)
+    (RESULTS / f"{name}.md").write_text(f"# Stress run `{name}`\n\n{table}\nRuns:\n{runs}\n")
+    return table
+
+
+def _cell(cell: Callable[[dict[str, Any]], Any], row: dict[str, Any]) -> str:
+    try:
+        return str(cell(row))
+    except (KeyError, TypeError):  # an entry written by an older runner
+        return "?"
