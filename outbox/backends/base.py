@@ -148,10 +148,9 @@ class OutboxBackend(ABC):
         self,
         model: type[OutboxBase],
         shards: Sequence[ShardKey],
-        bounds: Mapping[ShardKey, int | None] | None,
         limit: int,
     ) -> Window:
-        """Read up to `limit` pending rows of `shards` (ids up to `bounds`), coalesced."""
+        """Read up to `limit` pending rows of `shards` (their first rows), coalesced."""
 
     @abstractmethod
     def retire(

@@ -144,14 +144,9 @@ class PortableBackend(OutboxBackend):
         self,
         model: type[OutboxBase],
         shards: Sequence[ShardKey],
-        bounds: Mapping[ShardKey, int | None] | None,
         limit: int,
     ) -> Window:
-        selectors = []
-        for key in shards:
-            bound = bounds.get(key) if bounds else None
-            upper = {} if bound is None else {"id__lte": bound}
-            selectors.append(Q(**model.shard_lookup(key), **upper))
+        selectors = [Q(**model.shard_lookup(key)) for key in shards]
         columns = (*model.shard_fields, "id", "category", "object_identifier", "attempts")
         rows = list(
             self.rows(model).filter(any_of(selectors)).order_by("id").values_list(*columns)[:limit]

@@ -128,14 +128,12 @@ class PostgresBackend(PortableBackend):
         self,
         model: type[OutboxBase],
         shards: Sequence[ShardKey],
-        bounds: Mapping[ShardKey, int | None] | None,
         limit: int,
     ) -> Window:
         # Each shard gets its share of the window, read through the shard index, so the
         # cost follows the rows read and not the size of the shards.
         per_shard = max(limit // max(len(shards), 1), 100)
-        upper = [bounds.get(key) if bounds else None for key in shards]
-        rows = self._fetch(statements(model).read_window, [*key_arrays(shards), upper, per_shard])
+        rows = self._fetch(statements(model).read_window, [*key_arrays(shards), per_shard])
         groups, newest, read = coalesce(model, rows)
         message_at = len(model.shard_fields) + 4
         for group, row in newest.items():

@@ -72,12 +72,10 @@ class _Renderer:
     def row_cols(self, alias: str) -> str:
         return ", ".join(f"{alias}.{column}" for column in self.cols)
 
-    def unnest_keys(self, alias: str, extra: str = "") -> str:
-        """unnest of three key arrays (plus `extra` typed arrays) given as %s parameters."""
-        types = [*KEY_TYPES, *([extra] if extra else [])]
-        arrays = ", ".join(f"%s::{kind}[]" for kind in types)
-        names = ", ".join([*LEASE_KEY, *(["extra"] if extra else [])])
-        return f"unnest({arrays}) AS {alias}({names})"
+    def unnest_keys(self, alias: str) -> str:
+        """unnest of the three key arrays, given as %s parameters."""
+        arrays = ", ".join(f"%s::{kind}[]" for kind in KEY_TYPES)
+        return f"unnest({arrays}) AS {alias}({', '.join(LEASE_KEY)})"
 
     def due_filter(self, alias: str) -> str:
         """A walked or given shard has a due row, no live lease, and passes the filters."""
@@ -183,11 +181,10 @@ class _Renderer:
         return f"""
             SELECT {cols}, r."id", r."category", r."object_identifier", r."attempts",
                 CASE WHEN {newest} THEN r."payload" END, {", ".join(times)}
-            FROM {self.unnest_keys("k", "bigint")}
+            FROM {self.unnest_keys("k")}
             CROSS JOIN LATERAL (
                 SELECT * FROM {self.table} o
                 WHERE {self.same_shard("o", "k")}
-                  AND o."id" <= COALESCE(k.extra, 9223372036854775807)
                 ORDER BY o."id" LIMIT %s
             ) r
             WINDOW newest_of_group AS (PARTITION BY {cols}, r."category", r."object_identifier")

@@ -149,13 +149,18 @@ class Drainer:
         active = list(lease.shards)
         try:
             while active and not self.stop.is_set():
-                window = self.backend.read_window(self.model, active, bounds, self._window_rows())
+                window = self.backend.read_window(self.model, active, self._window_rows())
+                reached = _cut_at_bounds(window, bounds) if bounds else set()
                 round_ = _Round()
                 try:
                     self._deliver(window, holding, round_)
                 finally:
                     failed = {failure.shard for failure in round_.failures}
-                    done = [k for k in active if k not in window.incomplete and k not in failed]
+                    done = [
+                        key
+                        for key in active
+                        if (key not in window.incomplete or key in reached) and key not in failed
+                    ]
                     self._settle(lease, round_, done, stats)
                 finished = {*done, *failed, *round_.lost}
                 active = [key for key in active if key not in finished]
@@ -298,3 +303,21 @@ class Drainer:
                     raise
                 time.sleep(0.01 * 2**attempt)
         raise AssertionError("unreachable")
+
+
+def _cut_at_bounds(window: Window, bounds: Mapping[ShardKey, int | None]) -> set[ShardKey]:
+    """A flush delivers the groups whose oldest pending row is at most its shard's bound
+    (the newest row its transaction wrote), each with its newest payload even when that
+    row came later; it stops at the first group that began after the bound, so a busy
+    shard cannot keep the request flushing. Returns the shards cut there: done."""
+    reached = set()
+    for shard, groups in window.shards.items():
+        bound = bounds.get(shard)
+        if bound is None:
+            continue
+        for index, group in enumerate(groups):
+            if group.row_ids[0] > bound:
+                del groups[index:]
+                reached.add(shard)
+                break
+    return reached
