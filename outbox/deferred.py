@@ -43,12 +43,19 @@ class _SavepointMarker:
 
 
 @dataclass
+class _Entry:
+    row: OutboxBase
+    frame: Any
+    # One per save of the row: None when saved outside any savepoint.
+    markers: list[_SavepointMarker | None]
+
+
+@dataclass
 class HeldRows:
     """The rows held for one database, each with the context frame that saved it."""
 
     using: str
-    entries: list[tuple[OutboxBase, Any, _SavepointMarker | None]] = field(default_factory=list)
-    held_ids: set[int] = field(default_factory=set)
+    entries: dict[int, _Entry] = field(default_factory=dict)  # by id(row), in save order
 
     def can_hold(self) -> bool:
         # A broken transaction must keep raising at save(), as a direct INSERT would.
@@ -61,23 +68,28 @@ class HeldRows:
             marker = _SavepointMarker()
             transaction.on_commit(marker, using=self.using)
         for row in rows:
-            if id(row) in self.held_ids:
-                continue  # saved again before the commit: written once, as it is then
-            self.held_ids.add(id(row))
-            self.entries.append((row, frame, marker))
+            entry = self.entries.get(id(row))
+            if entry is None:
+                self.entries[id(row)] = _Entry(row, frame, [marker])
+            else:
+                # Saved again before the commit: written once, as it is then, if any of
+                # its saves survived.
+                entry.markers.append(marker)
 
     def write(self, *, then_commit: bool) -> list[tuple[OutboxBase, Any]]:
         """INSERT the rows to keep, in the order they were saved; return them with their
         frames. `then_commit`: the block ends here, so COMMIT in the same round trip
         where the database allows it."""
         connection = connections[self.using]
-        entries = self.entries
+        entries = list(self.entries.values())
         self.discard()
         if connection.needs_rollback:
             return []
         alive = {id(callback) for _, callback, *_ in connection.run_on_commit}
         kept = [
-            (row, frame) for row, frame, marker in entries if marker is None or id(marker) in alive
+            (entry.row, entry.frame)
+            for entry in entries
+            if any(marker is None or id(marker) in alive for marker in entry.markers)
         ]
         if kept:
             insert.insert_rows(
@@ -88,8 +100,7 @@ class HeldRows:
         return kept
 
     def discard(self) -> None:
-        self.entries = []
-        self.held_ids.clear()
+        self.entries = {}
 
 
 def owned_database(atomic: Atomic | None) -> str | None:

@@ -60,6 +60,16 @@ def test_rows_of_a_rolled_back_savepoint_are_not_written():
     assert payloads() == [{"v": "before"}, {"v": "kept savepoint"}, {"v": "after"}]
 
 
+def test_a_row_saved_again_after_its_savepoint_rolled_back_is_written():
+    with outbox_context(transaction.atomic(), flush=False):
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
+            row = RegionOutboxFactory(payload={"v": "first try"})
+            raise ZeroDivisionError
+        row.payload = {"v": "second try"}
+        row.save()
+    assert payloads() == [{"v": "second try"}]
+
+
 def test_rollback_writes_nothing_and_the_row_can_be_saved_again():
     with pytest.raises(ZeroDivisionError), outbox_context(transaction.atomic(), flush=False):
         row = RegionOutboxFactory(payload={"v": 1})
