@@ -13,8 +13,10 @@ the on-commit callbacks registered inside a savepoint when it rolls back, so eac
 savepoint-level save registers a no-op callback as its marker, and only rows whose
 marker survived are written.
 
-For the caller: until the block ends a held row has no primary key and queries inside
-the block do not see it; its pre_save/post_save signals are sent when it is written.
+Each save takes the row's INSERT parameters when it happens (pre_save is sent then), so
+a row is written as it was at its last save that survived, as a direct INSERT would
+have written it. Until the block ends a held row has no primary key and queries inside
+the block do not see it; post_save is sent when it is written.
 """
 
 from __future__ import annotations
@@ -44,10 +46,10 @@ class _SavepointMarker:
 
 @dataclass
 class _Entry:
-    row: OutboxBase
     frame: Any
-    # One per save of the row: None when saved outside any savepoint.
-    markers: list[_SavepointMarker | None]
+    # Each save of the row: its savepoint marker (None outside any savepoint) and the
+    # INSERT parameters taken then.
+    saves: list[tuple[_SavepointMarker | None, insert.Prepared]]
 
 
 @dataclass
@@ -68,36 +70,37 @@ class HeldRows:
             marker = _SavepointMarker()
             transaction.on_commit(marker, using=self.using)
         for row in rows:
+            # Taken now, so the row is written as it was saved, as a direct INSERT
+            # would have written it, whatever changes before the commit.
+            save = (marker, insert.prepare(row, self.using))
             entry = self.entries.get(id(row))
             if entry is None:
-                self.entries[id(row)] = _Entry(row, frame, [marker])
+                self.entries[id(row)] = _Entry(frame, [save])
             else:
-                # Saved again before the commit: written once, as it is then, if any of
-                # its saves survived.
-                entry.markers.append(marker)
+                entry.saves.append(save)  # saved again: written once, as last kept
 
     def write(self, *, then_commit: bool) -> list[tuple[OutboxBase, Any]]:
-        """INSERT the rows to keep, in the order they were saved; return them with their
-        frames. `then_commit`: the block ends here, so COMMIT in the same round trip
-        where the database allows it."""
+        """INSERT the rows to keep, in the order they were first saved, each as its last
+        save that survived; return them with their frames. `then_commit`: the block ends
+        here, so COMMIT in the same round trip where the database allows it."""
         connection = connections[self.using]
         entries = list(self.entries.values())
         self.discard()
         if connection.needs_rollback:
             return []
         alive = {id(callback) for _, callback, *_ in connection.run_on_commit}
-        kept = [
-            (entry.row, entry.frame)
-            for entry in entries
-            if any(marker is None or id(marker) in alive for marker in entry.markers)
-        ]
+        kept = []
+        for entry in entries:
+            saves = [save for marker, save in entry.saves if marker is None or id(marker) in alive]
+            if saves:
+                kept.append((saves[-1], entry.frame))
         if kept:
-            insert.insert_rows(
-                [row for row, _ in kept],
+            insert.insert_prepared(
+                [save for save, _ in kept],
                 self.using,
                 then_commit=then_commit and insert.can_commit_with_insert(self.using),
             )
-        return kept
+        return [(save[2], frame) for save, frame in kept]
 
     def discard(self) -> None:
         self.entries = {}

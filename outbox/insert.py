@@ -7,9 +7,10 @@ database and set of database-defaulted columns, and only the values are prepared
 per row. Anything unusual (an update, a given primary key, multi-table inheritance, a
 database that cannot return the new key) goes through Django's own `save()`.
 
-`insert_rows` writes several rows of one table in one statement (the rows an
-`outbox_context` held back until its commit, see `outbox.deferred`); on PostgreSQL
-with client-side binding it can also carry the COMMIT in the same round trip.
+`insert_prepared` writes several rows of one table in one statement (the rows an
+`outbox_context` held back until its commit, see `outbox.deferred`, each prepared when
+it was saved); on PostgreSQL with client-side binding it can also carry the COMMIT in
+the same round trip.
 """
 
 from __future__ import annotations
@@ -30,9 +31,14 @@ if TYPE_CHECKING:
     from outbox.models import OutboxBase
 
     # (table, which columns take their database default, the row, its parameters)
-    _Prepared = tuple[type[OutboxBase], tuple[bool, ...], OutboxBase, list[Any]]
+    Prepared = tuple[type[OutboxBase], tuple[bool, ...], OutboxBase, list[Any]]
 
 _MISSING = object()
+_JSON_TEXT = object()
+_SIMPLE = object()
+_GENERIC = object()
+# Where validation leaves the payload's JSON text for the INSERT (see _prepare).
+PAYLOAD_JSON = "_outbox_payload_json"
 _PLAIN_TYPES: dict[type, type] = {
     models.IntegerField: int,
     models.BigIntegerField: int,
@@ -58,18 +64,18 @@ def can_insert_directly(row: OutboxBase, using: str, kwargs: dict[str, Any]) -> 
 
 def insert(row: OutboxBase, using: str) -> None:
     """INSERT the row and set its primary key, as `save()` would (signals included)."""
-    insert_rows([row], using)
+    insert_prepared([prepare(row, using)], using)
 
 
-def insert_rows(rows: Sequence[OutboxBase], using: str, *, then_commit: bool = False) -> None:
-    """INSERT rows that `can_insert_directly` accepted, in their order, and set their keys.
+def insert_prepared(prepared: Sequence[Prepared], using: str, *, then_commit: bool = False) -> None:
+    """INSERT rows `prepare` took (from rows `can_insert_directly` accepted), in their
+    order, and set their keys.
 
     Consecutive rows of one table with the same database-defaulted columns share one
     statement. `then_commit` appends COMMIT to the last statement (only where
     `can_commit_with_insert` said so): the transaction then ends with it.
     """
     connection = connections[using]
-    prepared = [_prepare(row, using) for row in rows]
     runs = [
         chunk
         for _, run in groupby(prepared, key=lambda item: item[:2])
@@ -87,7 +93,7 @@ def insert_rows(rows: Sequence[OutboxBase], using: str, *, then_commit: bool = F
 
 
 def can_commit_with_insert(using: str) -> bool:
-    """Whether `insert_rows(..., then_commit=True)` works here: psycopg 3 with client-side
+    """Whether `insert_prepared(..., then_commit=True)` works here: psycopg 3 with client-side
     binding sends one multi-statement query, and its own commit afterwards finds the
     transaction already ended and does nothing."""
     connection = connections[using]
@@ -100,41 +106,56 @@ def can_commit_with_insert(using: str) -> bool:
     )
 
 
-def _prepare(row: OutboxBase, using: str) -> _Prepared:
+def prepare(row: OutboxBase, using: str) -> Prepared:
+    """The row's INSERT parameters, taken now (pre_save is sent here, as save() would):
+    the row is written with these values even if it changes before the INSERT."""
     model = type(row)
     if signals.pre_save.has_listeners(model):
         signals.pre_save.send(model, instance=row, raw=False, using=using, update_fields=None)
-    connection = connections[using]
     values = row.__dict__
     defaulted: list[bool] = []
     params: list[Any] = []
-    for field, plain, null in _plain_fields(model):
+    for field, kind, null in _columns(model):
         value = values.get(field.attname, _MISSING)
-        if plain is not None and isinstance(value, plain) and not isinstance(value, bool):
-            # Stock int and text columns take the value as it is (validated already);
-            # int() turns enum members into plain ints.
-            defaulted.append(False)
-            params.append(int(value) if plain is int else value)  # type: ignore[call-overload]
-            continue
-        if value is None and null:
-            defaulted.append(False)
-            params.append(None)
-            continue
+        if kind is not _GENERIC:
+            if type(value) is DatabaseDefault:
+                defaulted.append(True)
+                continue
+            if value is None and null:
+                defaulted.append(False)
+                params.append(None)
+                continue
+            if kind is int or kind is str:
+                if isinstance(value, kind) and not isinstance(value, bool):
+                    # Stock int and text columns take the value as it is (validated
+                    # already); int() turns enum members into plain ints.
+                    defaulted.append(False)
+                    params.append(int(value) if kind is int else value)
+                    continue
+            elif kind is _JSON_TEXT:
+                text = values.pop(PAYLOAD_JSON, None)
+                if text is not None and value is not None:
+                    # Encoded once, by validation, with the field's encoder: the text
+                    # Django would send, written as it was when the row was saved.
+                    defaulted.append(False)
+                    params.append(text)
+                    continue
         value = field.pre_save(row, True)
         default = isinstance(value, DatabaseDefault)
         defaulted.append(default)
         if not default:
-            params.append(field.get_db_prep_save(value, connection=connection))
+            params.append(field.get_db_prep_save(value, connection=connections[using]))
     return model, tuple(defaulted), row, params
 
 
 def _saved(row: OutboxBase, pk: int, defaulted: tuple[bool, ...], using: str) -> None:
     model = type(row)
     row.pk = pk
-    for field, default in zip(_fields(model), defaulted, strict=True):
-        if default:
-            # Unknown until read back, as Django leaves database defaults it did not return.
-            row.__dict__.pop(field.attname, None)
+    # Database defaults stay unknown until read back, as Django leaves the ones it did
+    # not return.
+    values = row.__dict__
+    for attname in _defaulted_attnames(model, defaulted):
+        values.pop(attname, None)
     row._state.adding = False
     row._state.db = using
     if signals.post_save.has_listeners(model):
@@ -143,7 +164,7 @@ def _saved(row: OutboxBase, pk: int, defaulted: tuple[bool, ...], using: str) ->
         )
 
 
-def _chunks(run: list[_Prepared], connection: BaseDatabaseWrapper) -> list[list[_Prepared]]:
+def _chunks(run: list[Prepared], connection: BaseDatabaseWrapper) -> list[list[Prepared]]:
     """Split a run into statements the database accepts (placeholder limits), or into
     single rows where it cannot return the keys of a multi-row INSERT."""
     if len(run) == 1:
@@ -157,17 +178,35 @@ def _chunks(run: list[_Prepared], connection: BaseDatabaseWrapper) -> list[list[
 
 
 @cache
-def _plain_fields(model: type[OutboxBase]) -> tuple[tuple[Field[Any, Any], type | None, bool], ...]:
-    """Each field; the Python type whose values it takes unchanged (stock integer and
-    text fields), or None; and whether None goes in as NULL unchanged (a JSON field's
-    None may mean JSON null, so it goes through the field)."""
+def _columns(model: type[OutboxBase]) -> tuple[tuple[Field[Any, Any], object, bool], ...]:
+    """Each field; how its value is read: `int` or `str` for stock integer and text
+    columns (taken unchanged), `_JSON_TEXT` for a stock JSONField (the text validation
+    encoded), `_SIMPLE` for other fields whose pre_save only reads the value, else
+    `_GENERIC`; and whether None goes in as NULL unchanged (a JSON field's None may mean
+    JSON null, so it goes through the field)."""
+    columns = []
+    for field in _fields(model):
+        kind: object = _PLAIN_TYPES.get(type(field), _GENERIC)
+        if type(field) is models.JSONField:
+            kind = _JSON_TEXT
+        elif kind is _GENERIC and _reads_value(field):
+            kind = _SIMPLE
+        null = field.null and not isinstance(field, models.JSONField)
+        columns.append((field, kind, null))
+    return tuple(columns)
+
+
+def _reads_value(field: Field[Any, Any]) -> bool:
+    """Whether the field's pre_save on insert just returns the attribute's value."""
+    if isinstance(field, models.DateField):  # DateTimeField too: auto_now(_add) sets it
+        return not (field.auto_now or field.auto_now_add)
+    return type(field).pre_save is models.Field.pre_save
+
+
+@lru_cache(maxsize=512)
+def _defaulted_attnames(model: type[OutboxBase], defaulted: tuple[bool, ...]) -> tuple[str, ...]:
     return tuple(
-        (
-            field,
-            _PLAIN_TYPES.get(type(field)),
-            field.null and not isinstance(field, models.JSONField),
-        )
-        for field in _fields(model)
+        field.attname for field, default in zip(_fields(model), defaulted, strict=True) if default
     )
 
 

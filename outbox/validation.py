@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.exceptions import InvalidOutboxMessage
+from outbox.insert import PAYLOAD_JSON
 
 if TYPE_CHECKING:
     from outbox.models import OutboxBase
@@ -80,10 +81,13 @@ def _check_text(row: OutboxBase, field: str) -> None:
 
 
 def _check_payload(row: OutboxBase) -> None:
+    """Check the payload's JSON text and leave it on the row (`PAYLOAD_JSON`): the
+    INSERT writes that text, so the payload is encoded once and written as checked."""
     try:
-        # allow_nan=False: NaN and infinity are not JSON, and PostgreSQL would reject
-        # them mid-transaction, leaving the caller's transaction broken.
-        encoded = json.dumps(row.payload, allow_nan=False)
+        # The field's own encoder, as Django would use it. allow_nan=False: NaN and
+        # infinity are not JSON, and PostgreSQL would reject them mid-transaction,
+        # leaving the caller's transaction broken.
+        encoded = json.dumps(row.payload, cls=_payload_encoder(type(row)), allow_nan=False)
     except RecursionError:
         raise InvalidOutboxMessage(
             f"payload of category {row.category} is nested more than "
@@ -108,6 +112,12 @@ def _check_payload(row: OutboxBase) -> None:
             f"payload of category {row.category} is nested more than "
             f"{MAX_PAYLOAD_DEPTH} levels deep (MariaDB's JSON limit)."
         )
+    row.__dict__[PAYLOAD_JSON] = encoded
+
+
+@cache
+def _payload_encoder(model: type[OutboxBase]) -> type[json.JSONEncoder] | None:
+    return getattr(model._meta.get_field("payload"), "encoder", None)
 
 
 def _bad_escape(encoded: str) -> str | None:

@@ -91,6 +91,28 @@ def test_a_row_saved_twice_is_written_once_as_it_was_last():
     assert payloads() == [{"v": 2}]
 
 
+def test_a_row_changed_after_save_is_written_as_it_was_saved():
+    # A direct INSERT would have written it at save(); holding the row must not let a
+    # later change (never validated) slip into the table.
+    with outbox_context(transaction.atomic(), flush=False):
+        row = RegionOutboxFactory(object_identifier=1, payload={"v": 1, "items": [1]})
+        row.payload["items"].append(float("nan"))  # would not even be valid JSON
+        row.payload["v"] = 2
+        row.object_identifier = 2
+    assert payloads() == [{"v": 1, "items": [1]}]
+    assert RegionOutbox.objects.get().object_identifier == 1
+
+
+def test_a_second_save_that_rolled_back_leaves_the_first_one_written():
+    with outbox_context(transaction.atomic(), flush=False):
+        row = RegionOutboxFactory(payload={"v": "kept"})
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
+            row.payload = {"v": "rolled back"}
+            row.save()
+            raise ZeroDivisionError
+    assert payloads() == [{"v": "kept"}]
+
+
 @pytest.mark.parametrize("how", ["nested in a transaction", "setting off"])
 def test_rows_are_written_at_once_where_the_context_does_not_own_the_commit(how):
     def write() -> None:
@@ -150,3 +172,27 @@ def test_postgresql_sends_the_insert_and_the_commit_together():
     assert statements[1].startswith('INSERT INTO "outbox_regionoutbox"')
     assert statements[1].endswith("; COMMIT")
     assert RegionOutbox.objects.count() == 2
+
+
+def test_pre_save_is_sent_by_save_and_post_save_when_the_row_is_written():
+    from django.db.models.signals import post_save, pre_save
+
+    seen: list[tuple[str, object, bool]] = []
+
+    def before(sender, instance, **kwargs):
+        seen.append(("pre_save", instance.pk, RegionOutbox.objects.exists()))
+
+    def after(sender, instance, created, **kwargs):
+        assert created
+        seen.append(("post_save", instance.pk, RegionOutbox.objects.exists()))
+
+    pre_save.connect(before, sender=RegionOutbox)
+    post_save.connect(after, sender=RegionOutbox)
+    try:
+        with outbox_context(transaction.atomic(), flush=False):
+            row = RegionOutboxFactory()
+            assert seen == [("pre_save", None, False)]
+        assert seen == [("pre_save", None, False), ("post_save", row.pk, True)]
+    finally:
+        pre_save.disconnect(before, sender=RegionOutbox)
+        post_save.disconnect(after, sender=RegionOutbox)

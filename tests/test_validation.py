@@ -1,15 +1,19 @@
 """Bad input gives a clear error, leaves the caller's transaction usable, writes nothing."""
 
+import datetime
+import decimal
 import enum
 
 import pytest
-from django.db import transaction
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection, models, transaction
 from django.test import override_settings
+from django.test.utils import isolate_apps
 
 from outbox import OutboxCategory, OutboxScope, outbox_context
 from outbox.categories import registry
 from outbox.exceptions import InvalidOutboxMessage, OutboxConfigurationError
-from outbox.models import ControlOutbox, RegionOutbox
+from outbox.models import ControlOutbox, OutboxBase, RegionOutbox
 from tests.conftest import committing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory
 from tests.testapp.categories import Category, Scope
@@ -114,3 +118,47 @@ def test_scope_lookup_by_name_and_value():
     assert registry.scope_by_name("organization") is Scope.ORGANIZATION
     assert registry.scope_by_name("1") is Scope.USER
     assert Category.USER_UPDATE.scope is Scope.USER
+
+
+@isolate_apps("tests.testapp")
+def test_a_payload_field_with_its_own_encoder_is_checked_and_written_with_it():
+    """A concrete outbox table may give its payload a JSON encoder: validation encodes
+    with it (a datetime or Decimal is then fine), and the row holds the encoded text."""
+
+    class EncodedOutbox(OutboxBase):
+        payload = models.JSONField(null=True, encoder=DjangoJSONEncoder)
+
+        class Meta(OutboxBase.Meta):
+            app_label = "testapp"
+
+    with connection.schema_editor() as editor:
+        editor.create_model(EncodedOutbox)
+    try:
+        at = datetime.datetime(2026, 11, 21, 12, 30, tzinfo=datetime.UTC)
+        for defer in (True, False):
+            with override_settings(OUTBOX_DEFER_WRITES=defer):
+                with outbox_context(transaction.atomic(), flush=False):
+                    row = EncodedOutbox(
+                        shard_scope=Scope.ORGANIZATION,
+                        shard_identifier=1,
+                        category=Category.ORGANIZATION_UPDATE,
+                        object_identifier=1,
+                        payload={"at": at, "amount": decimal.Decimal("1.10")},
+                    )
+                    row.save()
+                assert EncodedOutbox.objects.get(pk=row.pk).payload == {
+                    "at": "2026-11-21T12:30:00Z",
+                    "amount": "1.10",
+                }
+                EncodedOutbox.objects.all().delete()
+        with pytest.raises(InvalidOutboxMessage, match="not JSON-serialisable"):
+            EncodedOutbox(
+                shard_scope=Scope.ORGANIZATION,
+                shard_identifier=1,
+                category=Category.ORGANIZATION_UPDATE,
+                object_identifier=1,
+                payload={"x": Opaque()},
+            ).save()
+    finally:
+        with connection.schema_editor() as editor:
+            editor.delete_model(EncodedOutbox)
