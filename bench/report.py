@@ -217,6 +217,12 @@ def markdown(data: dict[str, Any]) -> str:
             f"each) | **{write['ratio']:.2f}x** ({per_op['save']:.0f} µs → "
             f"{per_op['save_outbox']:.0f} µs) |"
         )
+        if "sql_floor_ratio" in write:
+            lines.append(
+                f"| write overhead floor: save + the same INSERT by hand, COMMIT in its round "
+                f"trip ÷ save alone | {write['sql_floor_ratio']:.2f}x "
+                f"({per_op['save_sql']:.0f} µs) |"
+            )
         if "procrastinate_ratio" in write:
             lines.append(
                 f"| write overhead: save + procrastinate defer ÷ save alone | "

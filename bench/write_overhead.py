@@ -6,6 +6,9 @@ Variants, each one committed `transaction.atomic()` per iteration, on the same r
 - `save_outbox`: the same save plus one RegionOutbox row, inside
   `outbox_context(transaction.atomic(), flush=False)` (the README's pattern; the row is
   left for the drain, so only the write is measured);
+- `save_sql`: the floor of any outbox row: the same save plus the same INSERT written
+  by hand (one literal statement through Django's cursor, no model, no validation),
+  sent with the COMMIT in one round trip as the outbox's own write is;
 - `save_procrastinate` (when installed): the same save plus deferring one procrastinate
   job through its Django integration, inside the same transaction.
 
@@ -15,6 +18,7 @@ on this shared machine hits all of them alike; a warm-up block of each runs firs
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,10 +27,11 @@ POOL = 100
 
 
 def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[[int], None]]:
-    from django.db import transaction
+    from django.db import connection, transaction
 
     from bench.outboxes import BenchCategory, BenchScope
     from outbox import outbox_context
+    from outbox.insert import can_commit_with_insert
     from outbox.models import RegionOutbox
 
     def touch(i: int) -> Any:
@@ -51,7 +56,39 @@ def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[
                 payload={"name": item.name, "version": item.version},
             ).save()
 
-    variants: dict[str, Callable[[int], None]] = {"save": save, "save_outbox": save_outbox}
+    # The statement the outbox sends for this row (the columns it does not leave to
+    # database defaults), with the COMMIT where the outbox sends it along too.
+    insert_sql = (
+        'INSERT INTO "outbox_regionoutbox" ("shard_scope", "shard_identifier", "category", '
+        '"object_identifier", "payload", "attempts", "first_attempt_at", "last_attempt_at", '
+        '"last_error") VALUES (%s, %s, %s, %s, %s, 0, NULL, NULL, \'\') RETURNING "id"'
+    )
+    if can_commit_with_insert(connection.alias):
+        insert_sql += "; COMMIT"
+
+    def save_sql(i: int) -> None:
+        item = touch(i)
+        with transaction.atomic():
+            item.save()
+            payload = json.dumps({"name": item.name, "version": item.version})
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    insert_sql,
+                    [
+                        BenchScope.OBJECT.value,
+                        item.pk,
+                        BenchCategory.ITEM_UPDATE.value,
+                        item.pk,
+                        payload,
+                    ],
+                )
+                cursor.fetchall()
+
+    variants: dict[str, Callable[[int], None]] = {
+        "save": save,
+        "save_outbox": save_outbox,
+        "save_sql": save_sql,
+    }
     if with_procrastinate:
         from bench.tasks import deliver
 
@@ -101,6 +138,7 @@ def measure(iterations: int, block: int, with_procrastinate: bool) -> dict[str, 
         "block": block,
         "per_op_us": per_op_us,
         "ratio": per_op_us["save_outbox"] / per_op_us["save"],
+        "sql_floor_ratio": per_op_us["save_sql"] / per_op_us["save"],
     }
     if "save_procrastinate" in per_op_us:
         result["procrastinate_ratio"] = per_op_us["save_procrastinate"] / per_op_us["save"]
