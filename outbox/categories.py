@@ -31,6 +31,18 @@ def _label(member: enum.Enum) -> str:
     return f"{type(member).__name__}.{member.name}"
 
 
+# shard_scope and category are 32-bit integer columns on every database.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _check_fits(member: enum.IntEnum, column: str) -> None:
+    if not INT32_MIN <= member.value <= INT32_MAX:
+        raise OutboxConfigurationError(
+            f"{_label(member)} = {member.value} does not fit the {column} column, which "
+            f"holds {INT32_MIN} to {INT32_MAX}."
+        )
+
+
 class OutboxCategory(enum.IntEnum):
     """Base class of a project's categories (values unique across the project)."""
 
@@ -74,6 +86,10 @@ class Registry:
             self._add_scope(scope)
 
     def _add_scope(self, scope: OutboxScope) -> None:
+        _check_fits(scope, "shard_scope")
+        for category in scope.categories:
+            if isinstance(category, OutboxCategory):
+                _check_fits(category, "category")
         known = self.scopes.get(scope.value)
         if known is not None and known is not scope:
             raise OutboxConfigurationError(

@@ -17,3 +17,13 @@ def calls():
     recorder.reset()
     yield recorder
     recorder.reset()
+
+
+@pytest.fixture
+def scratch_registry():
+    """Undo registrations made by a test's own scope and category enums."""
+    from outbox.categories import registry
+
+    saved = (dict(registry.scopes), dict(registry.categories), dict(registry._scope_of))
+    yield
+    registry.scopes, registry.categories, registry._scope_of = saved

@@ -81,14 +81,6 @@ def test_bulk_create_validates_every_row_and_writes_none_on_error():
     assert not RegionOutbox.objects.exists()
 
 
-@pytest.fixture
-def scratch_registry():
-    """Undo registrations made by a test's own enums."""
-    saved = (dict(registry.scopes), dict(registry.categories), dict(registry._scope_of))
-    yield
-    registry.scopes, registry.categories, registry._scope_of = saved
-
-
 @pytest.mark.usefixtures("scratch_registry")
 def test_category_in_two_scopes_fails_at_import_naming_both():
     class Extra(OutboxCategory):
