@@ -31,15 +31,16 @@ def _label(member: enum.Enum) -> str:
     return f"{type(member).__name__}.{member.name}"
 
 
-# shard_scope and category are 32-bit integer columns on every database.
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-
-
 def _check_fits(member: enum.IntEnum, column: str) -> None:
-    if not INT32_MIN <= member.value <= INT32_MAX:
+    """shard_scope and category are IntegerField columns: the range every database
+    stores, the one validation applies to saved rows."""
+    from django.db.backends.base.operations import BaseDatabaseOperations
+
+    low, high = BaseDatabaseOperations.integer_field_ranges["IntegerField"]
+    if not low <= member.value <= high:
         raise OutboxConfigurationError(
             f"{_label(member)} = {member.value} does not fit the {column} column, which "
-            f"holds {INT32_MIN} to {INT32_MAX}."
+            f"holds {low} to {high}."
         )
 
 

@@ -84,25 +84,26 @@ from tests.testapp.categories import Category, Scope
 from tests.testapp.models import Ledger
 from tests.testapp.receivers import recorder
 
+_EVERY_PROFILE = {
+    "deadline": None,
+    "database": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+}
 PROFILES = {
     "ci": hypothesis_settings(
         max_examples=80,
         stateful_step_count=40,
         derandomize=True,
-        deadline=None,
-        database=None,
         print_blob=False,
         report_multiple_bugs=False,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        **_EVERY_PROFILE,
     ),
     "thorough": hypothesis_settings(
         max_examples=300,
         stateful_step_count=60,
         derandomize=False,
-        deadline=None,
-        database=None,
         print_blob=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        **_EVERY_PROFILE,
     ),
 }
 
