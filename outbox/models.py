@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
+from django.apps import apps
 from django.db import models, router
 from django.db.models.functions import Now
 from django.dispatch import Signal
@@ -178,6 +179,44 @@ class ControlOutbox(OutboxBase):
         }
 
 
+class ShardLeaseQuerySet(models.QuerySet["ShardLease"]):
+    """The lease states, named once; every reader (engine, admin, status, dispatch) uses
+    these. Expiry is judged on the database clock (`Now()`), never the app server's.
+
+    - held: a worker holds the shard (token set) and the lease has not expired;
+    - backing_off: no holder, the shard waits out a failure's back-off;
+    - expired: the lease or back-off is over, so the shard may be claimed again;
+    - live: held or backing off (the shard may not be claimed now).
+    """
+
+    def of(self, model: type[OutboxBase]) -> ShardLeaseQuerySet:
+        """The leases of one outbox table."""
+        return self.filter(outbox=model._meta.label_lower)
+
+    def with_token(self, token: str) -> ShardLeaseQuerySet:
+        """The leases taken with one claim's token (expired or not)."""
+        return self.filter(token=token)
+
+    def live(self) -> ShardLeaseQuerySet:
+        return self.filter(expires_at__gt=Now())
+
+    def held(self) -> ShardLeaseQuerySet:
+        return self.live().filter(token__isnull=False)
+
+    def backing_off(self) -> ShardLeaseQuerySet:
+        return self.live().filter(token__isnull=True)
+
+    def expired(self) -> ShardLeaseQuerySet:
+        return self.filter(expires_at__lte=Now())
+
+    def of_shard(self, key: ShardKey) -> ShardLeaseQuerySet:
+        return self.filter(
+            region_name=key.region_name,
+            shard_scope=key.shard_scope,
+            shard_identifier=key.shard_identifier,
+        )
+
+
 class ShardLease(models.Model):
     """The lease of one shard of one outbox table: who drains it, and until when.
 
@@ -196,6 +235,8 @@ class ShardLease(models.Model):
     holder = models.CharField(max_length=128, blank=True, default="")
     claimed_at = models.DateTimeField(db_default=Now())
 
+    objects = ShardLeaseQuerySet.as_manager()
+
     class Meta:
         constraints = [
             models.UniqueConstraint(
@@ -209,3 +250,12 @@ class ShardLease(models.Model):
         key = ShardKey(self.region_name, self.shard_scope, self.shard_identifier)
         state = f"held by {self.holder}" if self.token else "backing off"
         return f"{self.outbox} shard {key} {state} until {self.expires_at}"
+
+
+def outbox_models() -> list[type[OutboxBase]]:
+    """Every installed concrete outbox table."""
+    return [
+        model
+        for model in apps.get_models()
+        if issubclass(model, OutboxBase) and not model._meta.proxy
+    ]

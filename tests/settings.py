@@ -27,7 +27,8 @@ if TEST_DB == "postgres-portable":
 
 def _database(name: str) -> dict:
     if TEST_DB == "sqlite":
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{name}.sqlite3"}
+        suffix = os.environ.get("OUTBOX_TEST_DB_SUFFIX", "")
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{name}{suffix}.sqlite3"}
     if TEST_DB == "postgres":
         return {
             "ENGINE": "django.db.backends.postgresql",

@@ -5,21 +5,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from django.apps import apps
-
+from outbox.engine.drainer import Drainer
 from outbox.engine.stats import DrainStats
-from outbox.engine.worker import Drainer
-from outbox.models import OutboxBase
+from outbox.models import OutboxBase, outbox_models
 from outbox.shards import ShardKey
-
-
-def outbox_models() -> list[type[OutboxBase]]:
-    """Every installed concrete outbox table."""
-    return [
-        model
-        for model in apps.get_models()
-        if issubclass(model, OutboxBase) and not model._meta.proxy
-    ]
 
 
 def drain_outboxes(
