@@ -5,10 +5,15 @@ Variants, each one committed `transaction.atomic()` per iteration, on the same r
 - `save`: `item.save()` alone (an UPDATE of an existing row);
 - `save_outbox`: the same save plus one RegionOutbox row, inside
   `outbox_context(transaction.atomic(), flush=False)` (the README's pattern; the row is
-  left for the drain, so only the write is measured);
-- `save_sql`: the floor of any outbox row: the same save plus the same INSERT written
-  by hand (one literal statement through Django's cursor, no model, no validation),
-  sent with the COMMIT in one round trip as the outbox's own write is;
+  left for the drain, so only the write is measured), on the default write path: the
+  row is INSERTed by Django's own `save()`;
+- `save_outbox_deferred`: the same with `defer=True`: the row is held and written by
+  one bulk insert as the block commits, with the COMMIT in the same round trip on
+  PostgreSQL;
+- `save_sql` and `save_sql_commit`: the floors of each path: the same save plus the
+  same INSERT written by hand (one literal statement through Django's cursor, no model,
+  no validation), in its own round trip (`save_sql`, the default path's floor) or sent
+  with the COMMIT in one round trip (`save_sql_commit`, the deferred path's floor);
 - `save_procrastinate` (when installed): the same save plus deferring one procrastinate
   job through its Django integration, inside the same transaction.
 
@@ -31,7 +36,7 @@ def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[
 
     from bench.outboxes import BenchCategory, BenchScope
     from outbox import outbox_context
-    from outbox.insert import can_commit_with_insert
+    from outbox.backends.commit import commit_with_last_insert
     from outbox.models import RegionOutbox
 
     def touch(i: int) -> Any:
@@ -56,6 +61,18 @@ def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[
                 payload={"name": item.name, "version": item.version},
             ).save()
 
+    def save_outbox_deferred(i: int) -> None:
+        item = touch(i)
+        with outbox_context(transaction.atomic(), flush=False, defer=True):
+            item.save()
+            RegionOutbox(
+                shard_scope=BenchScope.OBJECT,
+                shard_identifier=item.pk,
+                category=BenchCategory.ITEM_UPDATE,
+                object_identifier=item.pk,
+                payload={"name": item.name, "version": item.version},
+            ).save()
+
     # The statement the outbox sends for this row (the columns it does not leave to
     # database defaults), with the COMMIT where the outbox sends it along too.
     insert_sql = (
@@ -63,31 +80,39 @@ def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[
         '"object_identifier", "payload", "attempts", "first_attempt_at", "last_attempt_at", '
         '"last_error") VALUES (%s, %s, %s, %s, %s, 0, NULL, NULL, \'\') RETURNING "id"'
     )
-    if can_commit_with_insert(connection.alias):
-        insert_sql += "; COMMIT"
+    rides_along = commit_with_last_insert(connection.alias) is not None
 
-    def save_sql(i: int) -> None:
-        item = touch(i)
-        with transaction.atomic():
-            item.save()
-            payload = json.dumps({"name": item.name, "version": item.version})
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    insert_sql,
-                    [
-                        BenchScope.OBJECT.value,
-                        item.pk,
-                        BenchCategory.ITEM_UPDATE.value,
-                        item.pk,
-                        payload,
-                    ],
-                )
-                cursor.fetchall()
+    def sql_floor(with_commit: bool) -> Callable[[int], None]:
+        sql = insert_sql + "; COMMIT" if with_commit and rides_along else insert_sql
+
+        def save_sql(i: int) -> None:
+            item = touch(i)
+            with transaction.atomic():
+                item.save()
+                payload = json.dumps({"name": item.name, "version": item.version})
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        sql,
+                        [
+                            BenchScope.OBJECT.value,
+                            item.pk,
+                            BenchCategory.ITEM_UPDATE.value,
+                            item.pk,
+                            payload,
+                        ],
+                    )
+                    cursor.fetchall()
+
+        return save_sql
 
     variants: dict[str, Callable[[int], None]] = {
         "save": save,
         "save_outbox": save_outbox,
-        "save_sql": save_sql,
+        "save_outbox_deferred": save_outbox_deferred,
+        # The floors: the same INSERT written by hand, in its own round trip (the
+        # default path's floor) and riding with the COMMIT (the deferred path's floor).
+        "save_sql": sql_floor(with_commit=False),
+        "save_sql_commit": sql_floor(with_commit=True),
     }
     if with_procrastinate:
         from bench.tasks import deliver
@@ -139,6 +164,8 @@ def measure(iterations: int, block: int, with_procrastinate: bool) -> dict[str, 
         "per_op_us": per_op_us,
         "ratio": per_op_us["save_outbox"] / per_op_us["save"],
         "sql_floor_ratio": per_op_us["save_sql"] / per_op_us["save"],
+        "deferred_ratio": per_op_us["save_outbox_deferred"] / per_op_us["save"],
+        "deferred_sql_floor_ratio": per_op_us["save_sql_commit"] / per_op_us["save"],
     }
     if "save_procrastinate" in per_op_us:
         result["procrastinate_ratio"] = per_op_us["save_procrastinate"] / per_op_us["save"]

@@ -3,7 +3,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from outbox.categories import OutboxCategory, OutboxScope, unique_object_identifier
-from outbox.context import outbox_context
+from outbox.writes.context import outbox_context
 from outbox.signals import transactional_receiver
 
 try:

@@ -7,4 +7,13 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        """Wire the layers: the write path below, the engine and backends above it."""
         from outbox import checks  # noqa: F401  (registers the system checks)
+        from outbox.backends.commit import commit_with_last_insert
+        from outbox.engine import flush_shards
+        from outbox.writes import path
+        from outbox.writes.hooks import hooks
+
+        path.install()
+        hooks.flush = flush_shards
+        hooks.commit_with_last_insert = commit_with_last_insert

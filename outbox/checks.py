@@ -1,4 +1,5 @@
-"""System checks with stable ids (outbox.E001 ...)."""
+"""System checks with stable ids: outbox.E001 here, the settings' outbox.E010 and up in
+`outbox.checks_settings`. Imported by the app config when it is ready."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from django.apps import AppConfig
 from django.core.checks import CheckMessage, Error, Tags, register
 
 from outbox.categories import registry
+from outbox.checks_settings import check_settings
+from outbox.models import outbox_models
+
+register(check_settings)
 
 
 @register(Tags.signals)
@@ -16,8 +21,6 @@ def check_receivers(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """outbox.E001: every declared category needs a receiver, or its messages pile up."""
-    from outbox.engine import outbox_models
-
     signals = {model.process_signal for model in outbox_models()}
     return [
         Error(

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.test import override_settings
 
 from outbox import outbox_context
-from outbox.context import _current
+from outbox.writes.context import _current
 from outbox.exceptions import OutboxContextRequired, OutboxError
 from outbox.models import ControlOutbox, RegionOutbox
 from tests.conftest import committing
@@ -142,15 +142,15 @@ def test_strict_flush_reraises_after_commit(calls):
     def raising_flush(using, bounds):
         raise RuntimeError("flush broke")
 
-    import outbox.engine
+    from outbox.writes.hooks import hooks
 
-    original = outbox.engine.flush_shards
-    outbox.engine.flush_shards = raising_flush
+    original = hooks.flush
+    hooks.flush = raising_flush
     try:
         with pytest.raises(RuntimeError, match="flush broke"), outbox_context(transaction.atomic()):
             RegionOutboxFactory(shard_identifier=7)
     finally:
-        outbox.engine.flush_shards = original
+        hooks.flush = original
     assert RegionOutbox.objects.count() == 1  # committed before the flush failed
 
 

@@ -1,4 +1,4 @@
-"""Rows held until commit (OUTBOX_DEFER_WRITES): written once, in save order, only if
+"""Rows held until commit (OUTBOX_DEFER_WRITES, or outbox_context(defer=True)): written once, in save order, only if
 their transaction and savepoints survive, and with the COMMIT in one round trip on
 PostgreSQL."""
 
@@ -15,6 +15,12 @@ from tests.conftest import committing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory
 
 pytestmark = committing
+
+
+@pytest.fixture(autouse=True)
+def deferred_writes(settings):
+    """The deferred writer is opt-in: these tests turn it on for every context."""
+    settings.OUTBOX_DEFER_WRITES = True
 
 
 def payloads() -> list[object]:
@@ -196,3 +202,16 @@ def test_pre_save_is_sent_by_save_and_post_save_when_the_row_is_written():
     finally:
         pre_save.disconnect(before, sender=RegionOutbox)
         post_save.disconnect(after, sender=RegionOutbox)
+
+
+def test_the_context_argument_turns_the_deferred_writer_on_and_off(settings):
+    settings.OUTBOX_DEFER_WRITES = False
+    with outbox_context(transaction.atomic(), flush=False, defer=True):
+        held = RegionOutboxFactory()
+        assert held.pk is None
+    assert held.pk is not None
+    settings.OUTBOX_DEFER_WRITES = True
+    with outbox_context(transaction.atomic(), flush=False, defer=False):
+        direct = RegionOutboxFactory()
+        assert direct.pk is not None
+    assert RegionOutbox.objects.count() == 2

@@ -18,7 +18,7 @@ from django.db import models
 from accounts.outboxes import Category, Scope
 from outbox import unique_object_identifier
 from outbox.models import ControlOutbox, OutboxBase, RegionOutbox
-from outbox.producers import OutboxProducer
+from outbox.writes.producers import OutboxProducer
 
 REGIONS = ("us", "eu")
 

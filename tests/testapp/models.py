@@ -1,7 +1,7 @@
 from django.db import models
 
 from outbox.models import ControlOutbox, RegionOutbox
-from outbox.producers import OutboxProducer
+from outbox.writes.producers import OutboxProducer
 from tests.testapp.categories import Category, Scope
 
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from django.db import connections, models, router, transaction
 
-from outbox.context import outbox_context
+from outbox.writes.context import outbox_context
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.models import OutboxBase
 

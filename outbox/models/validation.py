@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.exceptions import InvalidOutboxMessage
-from outbox.insert import PAYLOAD_JSON
 
 if TYPE_CHECKING:
-    from outbox.models import OutboxBase
+    from outbox.models.outbox import OutboxBase
 
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
@@ -35,15 +34,16 @@ _LONE_SURROGATE = "a lone surrogate, which is not valid Unicode"
 _CONTAINERS = (dict, list, tuple)
 
 
-def validate_message(row: OutboxBase) -> None:
-    """Raise InvalidOutboxMessage, naming the problem, if the row must not be saved."""
+def validate_message(row: OutboxBase) -> str:
+    """Raise InvalidOutboxMessage, naming the problem, if the row must not be saved;
+    else return its payload as JSON text, encoded with the payload field's encoder."""
     model = type(row)
     for field in _INTEGER_FIELDS:
         _check_integer(row, field, *_column_range(model, field))
     for field in model.shard_fields:
         _check_text(row, field)
     registry.check_pair(row.shard_scope, row.category)
-    _check_payload(row)
+    return _check_payload(row)
 
 
 @cache
@@ -80,9 +80,9 @@ def _check_text(row: OutboxBase, field: str) -> None:
         ) from None
 
 
-def _check_payload(row: OutboxBase) -> None:
-    """Check the payload's JSON text and leave it on the row (`PAYLOAD_JSON`): the
-    INSERT writes that text, so the payload is encoded once and written as checked."""
+def _check_payload(row: OutboxBase) -> str:
+    """Check the payload's JSON text and return it (the deferred writer keeps it, so a
+    held row is written as it was when saved)."""
     try:
         # The field's own encoder, as Django would use it. allow_nan=False: NaN and
         # infinity are not JSON, and PostgreSQL would reject them mid-transaction,
@@ -112,7 +112,7 @@ def _check_payload(row: OutboxBase) -> None:
             f"payload of category {row.category} is nested more than "
             f"{MAX_PAYLOAD_DEPTH} levels deep (MariaDB's JSON limit)."
         )
-    row.__dict__[PAYLOAD_JSON] = encoded
+    return encoded
 
 
 @cache

@@ -1,17 +1,16 @@
 """`outbox_context`: which outbox writes are flushed right after commit.
 
 The state lives in a ContextVar, so threads and asyncio tasks never see each other's.
-Rows tell this module which shards they wrote (`record_writes`); when flushing is on,
-the shards are handed to the engine by an on_commit hook of the row's own database.
-When it is off, and OUTBOX_PROMPT_DRAIN names a hook, the shards are handed to that hook
-at commit instead (to enqueue a drain task for them), so they need not wait for the
-next periodic drain. The engine is imported lazily: the write path sits below it.
+The write path (`outbox.writes.path`) tells this module which shards a save wrote
+(`record_writes`); when flushing is on, the shards are handed to the flush hook by an
+on_commit callback of the row's own database. When it is off, and OUTBOX_PROMPT_DRAIN
+names a hook, the shards are handed to that hook at commit instead (to enqueue a drain
+task for them), so they need not wait for the next periodic drain.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -20,93 +19,14 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.db.transaction import Atomic
-from django.utils.module_loading import import_string
 
 from outbox.conf import outbox_settings
-from outbox.deferred import HeldRows, owned_database
 from outbox.exceptions import OutboxContextRequired, OutboxError
-from outbox.shards import ShardKey
+from outbox.writes.deferred import HeldRows, owned_database
+from outbox.writes.pending import PendingFlush, PendingPromptDrain
 
 if TYPE_CHECKING:
     from outbox.models import OutboxBase
-
-logger = logging.getLogger("outbox.flush")
-
-
-@dataclass
-class PendingFlush:
-    """Shards written on one database, flushed once by the first of its commit hooks.
-
-    `bounds` holds, per outbox model and shard, the highest row id written: the flush
-    stops there, so a busy shard cannot keep the request flushing forever.
-    """
-
-    using: str
-    bounds: dict[type[OutboxBase], dict[ShardKey, int | None]] = field(default_factory=dict)
-    done: bool = False
-
-    def add(self, row: OutboxBase) -> None:
-        shards = self.bounds.setdefault(type(row), {})
-        key = row.shard_key
-        known = shards.get(key, 0)
-        shards[key] = None if row.pk is None or known is None else max(known, row.pk)
-
-    def run(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        from outbox.engine import flush_shards
-
-        with _logged_unless_strict("outbox.flush_failed", self.using, self.bounds):
-            flush_shards(self.using, self.bounds)
-
-
-@dataclass
-class PendingPromptDrain:
-    """Shards written on one database and left to the drain, handed once to the
-    OUTBOX_PROMPT_DRAIN hook by the first of their commit hooks."""
-
-    using: str
-    shards: dict[type[OutboxBase], set[ShardKey]] = field(default_factory=dict)
-    done: bool = False
-
-    def add(self, row: OutboxBase) -> None:
-        self.shards.setdefault(type(row), set()).add(row.shard_key)
-
-    def run(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        path = outbox_settings.PROMPT_DRAIN
-        if not path:
-            return
-        with _logged_unless_strict("outbox.prompt_drain_failed", self.using, self.shards):
-            import_string(path)(self.using, self.shards)
-
-
-_FAILURE_MESSAGES = {
-    "outbox.flush_failed": "outbox flush failed; the rows stay for the drain",
-    "outbox.prompt_drain_failed": (
-        "outbox prompt drain failed; the rows stay for the periodic drain"
-    ),
-}
-
-
-@contextmanager
-def _logged_unless_strict(
-    event: str, using: str, shards: Mapping[type[OutboxBase], Iterable[ShardKey]]
-) -> Iterator[None]:
-    """After commit the rows are durable: an error of the hook is logged, not raised
-    into the request, unless OUTBOX_FLUSH_STRICT."""
-    try:
-        yield
-    except Exception:
-        if outbox_settings.FLUSH_STRICT:
-            raise
-        names = [str(key) for keys in shards.values() for key in keys]
-        logger.exception(
-            _FAILURE_MESSAGES[event], extra={"event": event, "using": using, "shards": names}
-        )
 
 
 @dataclass
@@ -126,13 +46,21 @@ _current: ContextVar[_Frame | None] = ContextVar("outbox_context", default=None)
 
 @contextmanager
 def outbox_context(
-    transaction: Atomic | None = None, flush: bool | None = None
+    transaction: Atomic | None = None,
+    flush: bool | None = None,
+    *,
+    defer: bool | None = None,
 ) -> Iterator[Atomic | None]:
     """Group outbox writes; flush their shards right after `transaction` commits.
 
     `flush=None` inherits the enclosing context's choice (True at the outermost level);
     `flush=False` leaves the rows to the drain. Flushing needs a transaction, given here
     or by an enclosing context. A rolled-back transaction flushes nothing.
+
+    `defer=True` (default: OUTBOX_DEFER_WRITES) holds the outbox rows saved in the block
+    and writes them with one bulk insert as it commits, where this context opens the
+    outermost transaction (see `outbox.writes.deferred`); otherwise every save INSERTs
+    at once, as `Model.save` does.
     """
     outer = _current.get()
     if flush is None:
@@ -150,7 +78,9 @@ def outbox_context(
         outer.prompt if outer is not None else {},
         outer.held if outer is not None else {},
     )
-    owned = owned_database(transaction)
+    if defer is None:
+        defer = outbox_settings.DEFER_WRITES
+    owned = owned_database(transaction, defer)
     held = None
     if owned is not None:
         held = frame.held[owned] = HeldRows(owned)
@@ -173,14 +103,15 @@ def outbox_context(
         _current.reset(token)
 
 
-def hold(rows: Sequence[OutboxBase], using: str) -> bool:
+def hold(rows: Sequence[OutboxBase], payloads: Sequence[str], using: str, *, saved: bool) -> bool:
     """Hold rows until the commit of the transaction an outbox_context owns on `using`
-    (see outbox.deferred); False when there is none and the caller INSERTs them now."""
+    (see outbox.writes.deferred); False when there is none and the caller INSERTs them
+    now."""
     frame = _current.get()
     held = frame.held.get(using) if frame is not None else None
     if held is None or not held.can_hold():
         return False
-    held.hold(rows, frame)
+    held.hold(rows, payloads, frame, saved=saved)
     return True
 
 

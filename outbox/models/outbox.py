@@ -1,12 +1,15 @@
-"""Outbox tables: the abstract base, the two stock tables, and the shard lease table.
+"""Outbox tables: the abstract base and the two stock tables.
 
-Importing this module never imports the engine: rows only tell the write path
-(`outbox.context`) which shards they touched, and the engine reads the tables.
+Rows hand their saves to `OutboxBase.write_path`. By default that is a plain
+`Model.save` / `bulk_create`; when the app is ready the write path (`outbox.writes`)
+installs its own, which records the shards written for the flush after commit and may
+hold rows until the commit (opt-in). This module never imports the write path or the
+engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from django.apps import apps
@@ -14,32 +17,57 @@ from django.db import models, router
 from django.db.models.functions import Now
 from django.dispatch import Signal
 
-from outbox import context, insert
 from outbox.exceptions import InvalidOutboxMessage
+from outbox.models.validation import validate_message
 from outbox.shards import ShardKey
 from outbox.signals import process_control_outbox, process_region_outbox
-from outbox.validation import validate_message
 
 _Row = TypeVar("_Row", bound="OutboxBase")
+
+
+class WritePath:
+    """How validated outbox rows reach the database; this default writes them at once.
+
+    `save` gets the row, its database, its payload as checked JSON text, a callable doing
+    Django's own save, and whether the row may be held (a plain insert of a new row).
+    `bulk_create` gets the rows, their payload texts and a callable doing Django's own
+    bulk insert, and returns the rows. An implementation must write every row exactly
+    once, and the row must end up as Django's own save would leave it.
+    """
+
+    def save(
+        self,
+        row: OutboxBase,
+        using: str,
+        payload_json: str,
+        save_now: Callable[[], None],
+        can_hold: bool,
+    ) -> None:
+        save_now()
+
+    def bulk_create(
+        self,
+        rows: list[_Row],
+        using: str,
+        payloads_json: list[str],
+        create_now: Callable[[], list[_Row]],
+        can_hold: bool,
+    ) -> list[_Row]:
+        return create_now()
 
 
 class OutboxQuerySet(models.QuerySet[_Row]):
     def bulk_create(self, objs: Iterable[_Row], *args: Any, **kwargs: Any) -> list[_Row]:
         """Insert many rows in one statement, validating every one of them first."""
         rows = list(objs)
-        for row in rows:
-            row.validate_message()
-        context.require_context()
-        if (
-            not args
-            and not kwargs
-            and all(insert.can_insert_directly(row, self.db, {}) for row in rows)
-            and context.hold(rows, self.db)
-        ):
-            return rows  # written at the commit of the enclosing outbox_context
-        created = super().bulk_create(rows, *args, **kwargs)
-        context.record_writes(self.db, created)
-        return created
+        payloads = [row.validate_message() for row in rows]
+        return self.model.write_path.bulk_create(
+            rows,
+            self.db,
+            payloads,
+            lambda: models.QuerySet.bulk_create(self, rows, *args, **kwargs),
+            can_hold=not args and not kwargs and all(row.pk is None for row in rows),
+        )
 
 
 class OutboxBase(models.Model):
@@ -62,6 +90,8 @@ class OutboxBase(models.Model):
     last_error = models.TextField(blank=True, default="")
 
     objects = OutboxQuerySet.as_manager()
+    # Replaced by the write path when the app is ready (see WritePath).
+    write_path: ClassVar[WritePath] = WritePath()
 
     # The columns that name a shard, in index order.
     shard_fields: ClassVar[tuple[str, ...]] = ("shard_scope", "shard_identifier")
@@ -84,16 +114,23 @@ class OutboxBase(models.Model):
         return f"{type(self).__name__} #{self.pk} shard {self.shard_key} category {self.category}"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        self.validate_message()
-        context.require_context()
+        """Validate, then save as `Model.save` does, through the table's write path."""
+        payload_json = self.validate_message()
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
-        if not args and insert.can_insert_directly(self, using, kwargs):
-            if context.hold([self], using):
-                return  # written at the commit of the enclosing outbox_context
-            insert.insert(self, using)
-        else:
-            super().save(*args, **kwargs)
-        context.record_writes(self._state.db or using, [self])
+        kwargs["using"] = using
+        self.write_path.save(
+            self,
+            using,
+            payload_json,
+            lambda: models.Model.save(self, *args, **kwargs),
+            can_hold=(
+                not args
+                and self.pk is None
+                and not kwargs.get("update_fields")
+                and not kwargs.get("force_update")
+                and not self._meta.parents
+            ),
+        )
 
     @property
     def shard_key(self) -> ShardKey:
@@ -114,9 +151,10 @@ class OutboxBase(models.Model):
             named.get("region_name", ""), named["shard_scope"], named["shard_identifier"]
         )
 
-    def validate_message(self) -> None:
-        """Raise InvalidOutboxMessage if this row must not be written."""
-        validate_message(self)
+    def validate_message(self) -> str:
+        """Raise InvalidOutboxMessage if this row must not be written; else return the
+        payload as the JSON text the field's encoder makes of it."""
+        return validate_message(self)
 
     @classmethod
     def message_kwargs(cls, message: Any) -> dict[str, Any]:
@@ -129,9 +167,6 @@ class OutboxBase(models.Model):
             "shard_scope": message.shard_scope,
             "payload": message.payload,
         }
-
-    def signal_kwargs(self) -> dict[str, Any]:
-        return type(self).message_kwargs(self)
 
 
 class RegionOutbox(OutboxBase):
@@ -162,12 +197,12 @@ class ControlOutbox(OutboxBase):
             ),
         ]
 
-    def validate_message(self) -> None:
+    def validate_message(self) -> str:
         if not isinstance(self.region_name, str) or not self.region_name.strip():
             raise InvalidOutboxMessage("ControlOutbox needs a non-empty region_name.")
         if len(self.region_name) > 48:
             raise InvalidOutboxMessage(f"region_name {self.region_name!r} is over 48 characters.")
-        super().validate_message()
+        return super().validate_message()
 
     @classmethod
     def message_kwargs(cls, message: Any) -> dict[str, Any]:
@@ -177,79 +212,6 @@ class ControlOutbox(OutboxBase):
             "date_added": message.date_added,
             "scheduled_for": message.scheduled_for,
         }
-
-
-class ShardLeaseQuerySet(models.QuerySet["ShardLease"]):
-    """The lease states, named once; every reader (engine, admin, status, dispatch) uses
-    these. Expiry is judged on the database clock (`Now()`), never the app server's.
-
-    - held: a worker holds the shard (token set) and the lease has not expired;
-    - backing_off: no holder, the shard waits out a failure's back-off;
-    - expired: the lease or back-off is over, so the shard may be claimed again;
-    - live: held or backing off (the shard may not be claimed now).
-    """
-
-    def of(self, model: type[OutboxBase]) -> ShardLeaseQuerySet:
-        """The leases of one outbox table."""
-        return self.filter(outbox=model._meta.label_lower)
-
-    def with_token(self, token: str) -> ShardLeaseQuerySet:
-        """The leases taken with one claim's token (expired or not)."""
-        return self.filter(token=token)
-
-    def live(self) -> ShardLeaseQuerySet:
-        return self.filter(expires_at__gt=Now())
-
-    def held(self) -> ShardLeaseQuerySet:
-        return self.live().filter(token__isnull=False)
-
-    def backing_off(self) -> ShardLeaseQuerySet:
-        return self.live().filter(token__isnull=True)
-
-    def expired(self) -> ShardLeaseQuerySet:
-        return self.filter(expires_at__lte=Now())
-
-    def of_shard(self, key: ShardKey) -> ShardLeaseQuerySet:
-        return self.filter(
-            region_name=key.region_name,
-            shard_scope=key.shard_scope,
-            shard_identifier=key.shard_identifier,
-        )
-
-
-class ShardLease(models.Model):
-    """The lease of one shard of one outbox table: who drains it, and until when.
-
-    A row exists while a worker holds the shard (`token` set) or while the shard backs
-    off after a failure (`token` empty, `expires_at` = when it may be retried). The
-    shard may be claimed once `expires_at` has passed on the database clock.
-    """
-
-    outbox = models.CharField(max_length=100, help_text="Label of the outbox model.")
-    region_name = models.CharField(max_length=48, blank=True, default="")
-    shard_scope = models.IntegerField()
-    shard_identifier = models.BigIntegerField()
-    # NULL, not "": a backing-off shard has no holder, and "" could pass for a token.
-    token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
-    expires_at = models.DateTimeField()
-    holder = models.CharField(max_length=128, blank=True, default="")
-    claimed_at = models.DateTimeField(db_default=Now())
-
-    objects = ShardLeaseQuerySet.as_manager()
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["outbox", "region_name", "shard_scope", "shard_identifier"],
-                name="outbox_shardlease_shard",
-            )
-        ]
-        indexes = [models.Index(fields=["token"], name="outbox_shardlease_token")]
-
-    def __str__(self) -> str:
-        key = ShardKey(self.region_name, self.shard_scope, self.shard_identifier)
-        state = f"held by {self.holder}" if self.token else "backing off"
-        return f"{self.outbox} shard {key} {state} until {self.expires_at}"
 
 
 def outbox_models() -> list[type[OutboxBase]]:

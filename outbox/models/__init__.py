@@ -1,0 +1,26 @@
+"""Outbox tables (the abstract base, the two stock tables) and the shard lease table.
+
+This layer never imports the write path or the engine: rows hand their saves to the
+write path through `OutboxBase.write_path`, which the app installs when it is ready.
+"""
+
+from outbox.models.lease import ShardLease, ShardLeaseQuerySet
+from outbox.models.outbox import (
+    ControlOutbox,
+    OutboxBase,
+    OutboxQuerySet,
+    RegionOutbox,
+    WritePath,
+    outbox_models,
+)
+
+__all__ = [
+    "ControlOutbox",
+    "OutboxBase",
+    "OutboxQuerySet",
+    "RegionOutbox",
+    "ShardLease",
+    "ShardLeaseQuerySet",
+    "WritePath",
+    "outbox_models",
+]

@@ -1,0 +1,86 @@
+"""The shard lease table and the lease states, named once on its QuerySet."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.db import models
+from django.db.models.functions import Now
+
+from outbox.shards import ShardKey
+
+if TYPE_CHECKING:
+    from outbox.models.outbox import OutboxBase
+
+
+class ShardLeaseQuerySet(models.QuerySet["ShardLease"]):
+    """The lease states, named once; every reader (engine, admin, status, dispatch) uses
+    these. Expiry is judged on the database clock (`Now()`), never the app server's.
+
+    - held: a worker holds the shard (token set) and the lease has not expired;
+    - backing_off: no holder, the shard waits out a failure's back-off;
+    - expired: the lease or back-off is over, so the shard may be claimed again;
+    - live: held or backing off (the shard may not be claimed now).
+    """
+
+    def of(self, model: type[OutboxBase]) -> ShardLeaseQuerySet:
+        """The leases of one outbox table."""
+        return self.filter(outbox=model._meta.label_lower)
+
+    def with_token(self, token: str) -> ShardLeaseQuerySet:
+        """The leases taken with one claim's token (expired or not)."""
+        return self.filter(token=token)
+
+    def live(self) -> ShardLeaseQuerySet:
+        return self.filter(expires_at__gt=Now())
+
+    def held(self) -> ShardLeaseQuerySet:
+        return self.live().filter(token__isnull=False)
+
+    def backing_off(self) -> ShardLeaseQuerySet:
+        return self.live().filter(token__isnull=True)
+
+    def expired(self) -> ShardLeaseQuerySet:
+        return self.filter(expires_at__lte=Now())
+
+    def of_shard(self, key: ShardKey) -> ShardLeaseQuerySet:
+        return self.filter(
+            region_name=key.region_name,
+            shard_scope=key.shard_scope,
+            shard_identifier=key.shard_identifier,
+        )
+
+
+class ShardLease(models.Model):
+    """The lease of one shard of one outbox table: who drains it, and until when.
+
+    A row exists while a worker holds the shard (`token` set) or while the shard backs
+    off after a failure (`token` empty, `expires_at` = when it may be retried). The
+    shard may be claimed once `expires_at` has passed on the database clock.
+    """
+
+    outbox = models.CharField(max_length=100, help_text="Label of the outbox model.")
+    region_name = models.CharField(max_length=48, blank=True, default="")
+    shard_scope = models.IntegerField()
+    shard_identifier = models.BigIntegerField()
+    # NULL, not "": a backing-off shard has no holder, and "" could pass for a token.
+    token = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
+    expires_at = models.DateTimeField()
+    holder = models.CharField(max_length=128, blank=True, default="")
+    claimed_at = models.DateTimeField(db_default=Now())
+
+    objects = ShardLeaseQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["outbox", "region_name", "shard_scope", "shard_identifier"],
+                name="outbox_shardlease_shard",
+            )
+        ]
+        indexes = [models.Index(fields=["token"], name="outbox_shardlease_token")]
+
+    def __str__(self) -> str:
+        key = ShardKey(self.region_name, self.shard_scope, self.shard_identifier)
+        state = f"held by {self.holder}" if self.token else "backing off"
+        return f"{self.outbox} shard {key} {state} until {self.expires_at}"

@@ -1,0 +1,7 @@
+"""The write path: `outbox_context`, recording written shards, the opt-in deferred
+writer, and producer models.
+
+It sits above the models and below the backends and the engine: it never imports them.
+After a commit it hands the written shards to the flush hook (`outbox.writes.hooks`),
+which the app wires to the engine when it is ready.
+"""

@@ -1,0 +1,158 @@
+"""Outbox rows held back until their transaction commits: the opt-in deferred writer.
+
+Turned on by `OUTBOX_DEFER_WRITES` or `outbox_context(..., defer=True)`. An
+`outbox_context(transaction.atomic())` whose atomic opens the outermost transaction of
+its database owns that transaction's end. Outbox rows saved on that database inside it
+(at any depth, nested atomics included) are not INSERTed by `save()`: they are held here
+and written with `bulk_create` as the block ends, just before its COMMIT. Where the
+database allows it (PostgreSQL with psycopg 3 and client-side binding) the COMMIT rides
+in the same round trip as the last INSERT, so the outbox rows of a transaction cost the
+database work of their INSERT but no round trip of their own.
+
+Each save takes a snapshot of the row (its payload as the JSON text validation checked),
+so a row is written as it was at its last save that survived, as an immediate INSERT
+would have written it. `pre_save` is sent by `save()`, `post_save` once the row is
+written; until then a held row has no primary key and queries in the block do not see
+it. Rows saved inside a savepoint that rolls back are not written (`internals`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
+from django.db.models import signals
+from django.db.transaction import Atomic
+
+from outbox.writes import internals
+from outbox.writes.hooks import hooks
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from outbox.models import OutboxBase
+
+# Rows in the last INSERT, the one that carries the COMMIT: below every batch limit.
+LAST_STATEMENT_ROWS = 500
+
+
+@dataclass
+class _Entry:
+    row: OutboxBase
+    frame: Any
+    signals: bool  # saved by save() (sends pre/post_save), not bulk_create
+    # Each save of the row: its savepoint marker (None outside any savepoint) and the
+    # field values taken then.
+    saves: list[tuple[internals.SavepointMarker | None, dict[str, Any]]]
+
+
+@dataclass
+class HeldRows:
+    """The rows held for one database, each with the context frame that saved it."""
+
+    using: str
+    entries: dict[int, _Entry] = field(default_factory=dict)  # by id(row), in save order
+
+    def can_hold(self) -> bool:
+        # A broken transaction must keep raising at save(), as an INSERT would.
+        connection = connections[self.using]
+        return connection.in_atomic_block and not transaction.get_rollback(self.using)
+
+    def hold(
+        self, rows: Sequence[OutboxBase], payloads: Sequence[str], frame: Any, *, saved: bool
+    ) -> None:
+        marker = internals.savepoint_marker(self.using)
+        for row, payload_json in zip(rows, payloads, strict=True):
+            if saved and signals.pre_save.has_listeners(type(row)):
+                signals.pre_save.send(
+                    type(row), instance=row, raw=False, using=self.using, update_fields=None
+                )
+            save = (marker, _snapshot(row, payload_json))
+            entry = self.entries.get(id(row))
+            if entry is None:
+                self.entries[id(row)] = _Entry(row, frame, saved, [save])
+            else:
+                entry.saves.append(save)  # saved again: written once, as last kept
+
+    def write(self, *, then_commit: bool) -> list[tuple[OutboxBase, Any]]:
+        """INSERT the rows to keep, in the order they were first saved, each as its last
+        save that survived; return them with their frames. `then_commit`: the block ends
+        here, so COMMIT in the same round trip where the database allows it."""
+        entries = list(self.entries.values())
+        self.discard()
+        if transaction.get_rollback(self.using):
+            return []
+        pending = internals.pending_markers(self.using)
+        kept: list[tuple[_Entry, dict[str, Any]]] = []
+        for entry in entries:
+            saves = [values for marker, values in entry.saves if marker is None or id(marker) in pending]
+            if saves:
+                kept.append((entry, saves[-1]))
+        self._insert(kept, then_commit=then_commit)
+        return [(entry.row, entry.frame) for entry, _ in kept]
+
+    def _insert(self, kept: list[tuple[_Entry, dict[str, Any]]], *, then_commit: bool) -> None:
+        by_table: dict[type[OutboxBase], list[tuple[_Entry, OutboxBase]]] = defaultdict(list)
+        for entry, values in kept:
+            by_table[type(entry.row)].append((entry, type(entry.row)(**values)))
+        wrapper = None
+        if then_commit and hooks.commit_with_last_insert is not None:
+            wrapper = hooks.commit_with_last_insert(self.using)
+        tables = list(by_table.items())
+        for index, (model, pairs) in enumerate(tables):
+            written = [instance for _, instance in pairs]
+            last = wrapper is not None and index == len(tables) - 1
+            self._bulk_create(model, written, commit_wrapper=wrapper if last else None)
+            for entry, instance in pairs:
+                internals.mark_written(entry.row, instance, self.using)
+                if entry.signals and signals.post_save.has_listeners(model):
+                    signals.post_save.send(
+                        model, instance=entry.row, created=True, update_fields=None,
+                        raw=False, using=self.using,
+                    )
+
+    def _bulk_create(
+        self, model: type[OutboxBase], rows: list[OutboxBase], commit_wrapper: Any
+    ) -> None:
+        plain: models.QuerySet[Any] = models.QuerySet(model, using=self.using)
+        if commit_wrapper is None:
+            plain.bulk_create(rows)
+            return
+        # Only the last statement may carry the COMMIT: make it one of its own.
+        head, tail = rows[:-LAST_STATEMENT_ROWS], rows[-LAST_STATEMENT_ROWS:]
+        if head:
+            plain.bulk_create(head)
+        with connections[self.using].execute_wrapper(commit_wrapper):
+            plain.bulk_create(tail, batch_size=len(tail))
+
+    def discard(self) -> None:
+        self.entries = {}
+
+
+def _snapshot(row: OutboxBase, payload_json: str) -> dict[str, Any]:
+    """The row's field values now; the payload as decoded from its checked JSON text,
+    so later changes to the row's payload (even in place) do not reach the table."""
+    values = {
+        f.attname: getattr(row, f.attname)
+        for f in row._meta.concrete_fields
+        if not f.primary_key
+    }
+    values["payload"] = json.loads(payload_json)
+    return values
+
+
+def owned_database(atomic: Atomic | None, defer: bool) -> str | None:
+    """The database whose outermost transaction `atomic` is about to open, if rows on it
+    are to be held until its commit."""
+    if not defer or atomic is None or not isinstance(atomic, Atomic):
+        return None
+    using = atomic.using or DEFAULT_DB_ALIAS
+    connection = connections[using]
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return None
+    if not connection.features.can_return_rows_from_bulk_insert:
+        return None  # held rows could not get their primary keys: write them at once
+    return using

@@ -1,0 +1,31 @@
+"""What the write path calls into without importing it: set once by `OutboxConfig.ready`.
+
+- `flush(using, bounds)`: deliver the shards a committed transaction wrote, up to
+  their bounds (the engine's synchronous flush).
+- `commit_with_last_insert(using)`: an execute wrapper that sends the COMMIT in the
+  same round trip as the deferred writer's last INSERT, or None where the database
+  cannot (a capability of the PostgreSQL backend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from outbox.shards import ShardKey
+
+if TYPE_CHECKING:
+    from outbox.models import OutboxBase
+
+FlushBounds = Mapping["type[OutboxBase]", Mapping[ShardKey, "int | None"]]
+ExecuteWrapper = Callable[..., Any]
+
+
+@dataclass
+class WriteHooks:
+    flush: Callable[[str, FlushBounds], object] | None = None
+    commit_with_last_insert: Callable[[str], ExecuteWrapper | None] | None = None
+
+
+hooks = WriteHooks()

@@ -1,0 +1,44 @@
+"""The Django internals the deferred writer relies on (outbox/writes/internals.py).
+
+These fail on a Django version that changes them, before any user sees a held row lost
+or written twice.
+"""
+
+from django.db import connection, transaction
+
+from outbox.models import RegionOutbox
+from outbox.writes import internals
+from tests.conftest import committing
+from tests.factories import RegionOutboxFactory
+
+pytestmark = committing
+
+
+def test_a_marker_of_a_rolled_back_savepoint_is_no_longer_pending():
+    with transaction.atomic():
+        assert internals.savepoint_marker(connection.alias) is None  # no savepoint yet
+        with transaction.atomic():
+            kept = internals.savepoint_marker(connection.alias)
+        try:
+            with transaction.atomic():
+                dropped = internals.savepoint_marker(connection.alias)
+                raise ZeroDivisionError
+        except ZeroDivisionError:
+            pass
+        pending = internals.pending_markers(connection.alias)
+        assert kept is not None and dropped is not None
+        assert id(kept) in pending
+        assert id(dropped) not in pending
+
+
+def test_mark_written_leaves_the_row_as_save_would():
+    row = RegionOutboxFactory.build()
+    written = RegionOutboxFactory.build(object_identifier=row.object_identifier)
+    with transaction.atomic():
+        RegionOutbox.objects.bulk_create([written])
+    internals.mark_written(row, written, connection.alias)
+    assert row.pk == written.pk
+    assert row._state.adding is False and row._state.db == connection.alias
+    assert row.date_added is not None  # a database default, read back
+    row.save()  # an UPDATE now, not a second INSERT
+    assert RegionOutbox.objects.count() == 1
