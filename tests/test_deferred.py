@@ -1,6 +1,6 @@
-"""Rows held until commit (OUTBOX_DEFER_WRITES, or outbox_context(defer=True)): written once, in save order, only if
-their transaction and savepoints survive, and with the COMMIT in one round trip on
-PostgreSQL."""
+"""Rows held until commit (OUTBOX_DEFER_WRITES, or outbox_context(defer=True)): written
+once, in save order, only if their transaction and savepoints survive, and with the
+COMMIT in one round trip on PostgreSQL."""
 
 import pytest
 from django.conf import settings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import models
 from django.db.models.functions import Now
@@ -10,10 +10,12 @@ from django.db.models.functions import Now
 from outbox.shards import ShardKey
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from outbox.models.outbox import OutboxBase
 
 
-class ShardLeaseQuerySet(models.QuerySet["ShardLease"]):
+class ShardLeaseQuerySet(models.QuerySet[Any]):
     """The lease states, named once; every reader (engine, admin, status, dispatch) uses
     these. Expiry is judged on the database clock (`Now()`), never the app server's.
 
@@ -23,28 +25,31 @@ class ShardLeaseQuerySet(models.QuerySet["ShardLease"]):
     - live: held or backing off (the shard may not be claimed now).
     """
 
-    def of(self, model: type[OutboxBase]) -> ShardLeaseQuerySet:
+    def _where(self, **lookups: Any) -> Self:
+        return cast("Self", self.filter(**lookups))
+
+    def of(self, model: type[OutboxBase]) -> Self:
         """The leases of one outbox table."""
-        return self.filter(outbox=model._meta.label_lower)
+        return self._where(outbox=model._meta.label_lower)
 
-    def with_token(self, token: str) -> ShardLeaseQuerySet:
+    def with_token(self, token: str) -> Self:
         """The leases taken with one claim's token (expired or not)."""
-        return self.filter(token=token)
+        return self._where(token=token)
 
-    def live(self) -> ShardLeaseQuerySet:
-        return self.filter(expires_at__gt=Now())
+    def live(self) -> Self:
+        return self._where(expires_at__gt=Now())
 
-    def held(self) -> ShardLeaseQuerySet:
+    def held(self) -> Self:
         return self.live().filter(token__isnull=False)
 
-    def backing_off(self) -> ShardLeaseQuerySet:
+    def backing_off(self) -> Self:
         return self.live().filter(token__isnull=True)
 
-    def expired(self) -> ShardLeaseQuerySet:
-        return self.filter(expires_at__lte=Now())
+    def expired(self) -> Self:
+        return self._where(expires_at__lte=Now())
 
-    def of_shard(self, key: ShardKey) -> ShardLeaseQuerySet:
-        return self.filter(
+    def of_shard(self, key: ShardKey) -> Self:
+        return self._where(
             region_name=key.region_name,
             shard_scope=key.shard_scope,
             shard_identifier=key.shard_identifier,

@@ -88,7 +88,9 @@ class HeldRows:
         pending = internals.pending_markers(self.using)
         kept: list[tuple[_Entry, dict[str, Any]]] = []
         for entry in entries:
-            saves = [values for marker, values in entry.saves if marker is None or id(marker) in pending]
+            saves = [
+                values for marker, values in entry.saves if marker is None or id(marker) in pending
+            ]
             if saves:
                 kept.append((entry, saves[-1]))
         self._insert(kept, then_commit=then_commit)
@@ -110,8 +112,12 @@ class HeldRows:
                 internals.mark_written(entry.row, instance, self.using)
                 if entry.signals and signals.post_save.has_listeners(model):
                     signals.post_save.send(
-                        model, instance=entry.row, created=True, update_fields=None,
-                        raw=False, using=self.using,
+                        model,
+                        instance=entry.row,
+                        created=True,
+                        update_fields=None,
+                        raw=False,
+                        using=self.using,
                     )
 
     def _bulk_create(
@@ -136,9 +142,7 @@ def _snapshot(row: OutboxBase, payload_json: str) -> dict[str, Any]:
     """The row's field values now; the payload as decoded from its checked JSON text,
     so later changes to the row's payload (even in place) do not reach the table."""
     values = {
-        f.attname: getattr(row, f.attname)
-        for f in row._meta.concrete_fields
-        if not f.primary_key
+        f.attname: getattr(row, f.attname) for f in row._meta.concrete_fields if not f.primary_key
     }
     values["payload"] = json.loads(payload_json)
     return values

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 from django.db import connections, models, router, transaction
 
-from outbox.writes.context import outbox_context
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.models import OutboxBase
+from outbox.writes.context import outbox_context
 
 _Model = TypeVar("_Model", bound="OutboxProducer")
 
