@@ -40,10 +40,10 @@ class ShardLeaseQuerySet(models.QuerySet[Any]):
         return self._where(expires_at__gt=Now())
 
     def held(self) -> Self:
-        return self.live().filter(token__isnull=False)
+        return self._where(expires_at__gt=Now(), token__isnull=False)
 
     def backing_off(self) -> Self:
-        return self.live().filter(token__isnull=True)
+        return self._where(expires_at__gt=Now(), token__isnull=True)
 
     def expired(self) -> Self:
         return self._where(expires_at__lte=Now())
