@@ -4,6 +4,7 @@ from unittest import mock
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from outbox import outbox_context, unique_object_identifier
 from outbox.exceptions import InvalidOutboxMessage
@@ -89,3 +90,19 @@ def test_bulk_create_refuses_rows_it_cannot_announce(calls):
         Organization.objects.bulk_create([Organization(id=1, name="dup")], ignore_conflicts=True)
     assert calls.payloads() == [{"name": "taken"}]
     assert not RegionOutbox.objects.exists()
+
+
+def test_update_emits_in_batches_for_every_changed_object(calls, monkeypatch):
+    from outbox.writes import producers
+
+    monkeypatch.setattr(producers, "UPDATE_BATCH", 2)
+    orgs = Organization.objects.bulk_create([Organization(name=f"B{n}") for n in range(5)])
+    calls.reset()  # the bulk_create's own messages were flushed at its commit
+    with CaptureQueriesContext(connection) as queries:
+        assert Organization.objects.filter(name__startswith="B").update(name="batched") == 5
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT INTO")]
+    # 5 objects in batches of 2: one bulk insert of their outbox rows per batch.
+    assert len(inserts) == (3 if connection.features.can_return_rows_from_bulk_insert else 5)
+    # Flushed after the update's commit: one message per object, with its new state.
+    assert sorted(c["object_identifier"] for c in calls.calls) == sorted(o.pk for o in orgs)
+    assert {p["name"] for p in calls.payloads()} == {"batched"}

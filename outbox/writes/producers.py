@@ -21,6 +21,9 @@ from outbox.writes.context import outbox_context
 
 _Model = TypeVar("_Model", bound="OutboxProducer")
 
+# Objects whose messages `update()` builds and writes at a time.
+UPDATE_BATCH = 500
+
 
 def write_outboxes(outboxes: Iterable[OutboxBase]) -> None:
     """Insert outbox rows with one validated bulk insert per outbox table."""
@@ -76,12 +79,17 @@ class OutboxProducerQuerySet(models.QuerySet[_Model]):
         return count
 
     def update(self, **kwargs: Any) -> int:
+        """Update, then emit each changed object's messages, `UPDATE_BATCH` objects at a
+        time: memory stays bounded by the batch (and the list of primary keys), not by
+        the number of rows updated."""
         with _producing(self.db):
             # Lock the rows so the messages describe the state this update produced.
             pks = list(self.select_for_update().values_list("pk", flat=True))
             count = super().update(**kwargs)
-            changed = self.model._base_manager.using(self.db).filter(pk__in=pks)
-            write_outboxes(outbox for obj in changed for outbox in obj.outboxes_for_update())
+            changed = self.model._base_manager.using(self.db).order_by("pk")
+            for start in range(0, len(pks), UPDATE_BATCH):
+                batch = changed.filter(pk__in=pks[start : start + UPDATE_BATCH])
+                write_outboxes(outbox for obj in batch for outbox in obj.outboxes_for_update())
         return count
 
     def delete(self) -> tuple[int, dict[str, int]]:
