@@ -3,8 +3,8 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from outbox.categories import OutboxCategory, OutboxScope, unique_object_identifier
-from outbox.writes.context import outbox_context
 from outbox.signals import transactional_receiver
+from outbox.writes.context import outbox_context
 
 try:
     __version__ = version("django-outboxes")

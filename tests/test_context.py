@@ -8,9 +8,9 @@ from django.db import transaction
 from django.test import override_settings
 
 from outbox import outbox_context
-from outbox.writes.context import _current
 from outbox.exceptions import OutboxContextRequired, OutboxError
 from outbox.models import ControlOutbox, RegionOutbox
+from outbox.writes.context import _current
 from tests.conftest import committing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory
 
