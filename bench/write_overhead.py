@@ -36,7 +36,7 @@ def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[
 
     from bench.outboxes import BenchCategory, BenchScope
     from outbox import outbox_context
-    from outbox.backends.commit import commit_with_last_insert
+    from outbox.backends.select import commit_with_last_insert
     from outbox.models import RegionOutbox
 
     def touch(i: int) -> Any:

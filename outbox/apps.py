@@ -9,8 +9,8 @@ class OutboxConfig(AppConfig):
     def ready(self) -> None:
         """Wire the layers: the write path below, the engine and backends above it."""
         from outbox import checks  # noqa: F401  (registers the system checks)
-        from outbox.backends.commit import commit_with_last_insert
-        from outbox.engine import flush_shards
+        from outbox.backends.select import commit_with_last_insert
+        from outbox.engine.flush import flush_shards
         from outbox.writes import path
         from outbox.writes.hooks import hooks
 

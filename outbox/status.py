@@ -13,10 +13,14 @@ from outbox.models import OutboxBase, ShardLease
 
 
 def table_status(model: type[OutboxBase], using: str | None = None) -> dict[str, Any]:
-    """Counts of one outbox table: rows, due rows, shards, leases, the oldest row, per scope."""
+    """Counts of one outbox table: rows, due rows, shards, leases, the oldest row, per scope.
+
+    Leases by state: `leased_shards` held by a live worker, `backing_off_shards` waiting
+    out a failure, `expired_shards` whose lease or back-off is over (a dead worker's, or
+    not yet cleaned up): claimable again."""
     alias = using or model._default_manager.db
     rows = model._default_manager.using(alias)
-    leases = ShardLease._default_manager.using(alias).filter(outbox=model._meta.label_lower)
+    leases = ShardLease.objects.using(alias).of(model)
     totals = rows.aggregate(
         rows=Count("id"), oldest=Min("date_added"), max_attempts=Max("attempts")
     )
@@ -34,8 +38,9 @@ def table_status(model: type[OutboxBase], using: str | None = None) -> dict[str,
         "failing_rows": rows.filter(attempts__gt=0).count(),
         "max_attempts": totals["max_attempts"] or 0,
         "oldest_age_seconds": (timezone.now() - oldest).total_seconds() if oldest else 0.0,
-        "leased_shards": leases.filter(token__isnull=False, expires_at__gt=Now()).count(),
-        "backing_off_shards": leases.filter(token__isnull=True, expires_at__gt=Now()).count(),
+        "leased_shards": leases.held().count(),
+        "backing_off_shards": leases.backing_off().count(),
+        "expired_shards": leases.expired().count(),
         "scopes": [
             {
                 "scope": _scope_name(entry["shard_scope"]),

@@ -144,13 +144,10 @@ def _busy_shard(run: Run, rng: random.Random) -> int:
 
 def _leases_of(pid: int) -> dict[int, float]:
     """Shards whose live lease a process holds now: shard -> expiry (epoch seconds)."""
-    from django.db.models.functions import Now
-
     from outbox.models import ShardLease
 
-    rows = ShardLease.objects.filter(
-        holder__contains=f":{pid}:", token__isnull=False, expires_at__gt=Now()
-    ).values_list("shard_identifier", "expires_at")
+    held = ShardLease.objects.held().filter(holder__contains=f":{pid}:")
+    rows = held.values_list("shard_identifier", "expires_at")
     return {shard: expires.timestamp() for shard, expires in rows}
 
 

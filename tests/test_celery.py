@@ -116,7 +116,7 @@ def test_ten_thousand_messages_across_500_shards(queue, processes, tmp_path):
 
 def live_leases_of_drainers():
     """Leases that a drain holds (not the scheduler's reservations of queued tasks)."""
-    return ShardLease.objects.filter(token__isnull=False).exclude(holder__startswith="queued:")
+    return ShardLease.objects.held().exclude(holder__startswith="queued:")
 
 
 def test_sigterm_mid_run_loses_nothing_and_releases_the_leases(queue, processes, tmp_path):

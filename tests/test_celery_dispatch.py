@@ -3,16 +3,14 @@
 (tests/test_celery.py runs the same with real workers, beat and a broker.)
 """
 
-import threading
 import time
 
 import pytest
 from django.db import transaction
 
 from outbox import outbox_context
-from outbox.backends.base import Lease
 from outbox.engine import Drainer
-from outbox.integrations import dispatch, graceful
+from outbox.integrations import dispatch
 from outbox.integrations.dispatch import DrainOrder, plan_drains, run_order
 from outbox.models import ControlOutbox, RegionOutbox, ShardLease
 from outbox.shards import ShardKey
@@ -41,6 +39,12 @@ def region_key(identifier):
     return ShardKey("", 0, identifier)
 
 
+def hold_elsewhere(identifier):
+    """Another worker holds this shard of RegionOutbox (it must have a due row)."""
+    lease = Drainer(RegionOutbox, identifiers=[identifier]).reserve(10, "elsewhere")
+    assert lease.shards == [region_key(identifier)]
+
+
 def test_scheduler_reserves_due_shards_in_orders_and_never_twice(settings):
     settings.OUTBOX_TASK_SHARDS = 2
     for shard in range(5):
@@ -63,8 +67,7 @@ def test_scheduler_skips_leased_and_backing_off_shards(calls, settings):
     RegionOutboxFactory(shard_identifier=1)
     RegionOutboxFactory(shard_identifier=2)
     RegionOutboxFactory(shard_identifier=3)
-    backend = Drainer(RegionOutbox).backend
-    backend.claim(RegionOutbox, [region_key(1)], Lease("other-worker", "elsewhere", 30.0))
+    hold_elsewhere(1)
     calls.failing = {2}
     Drainer(RegionOutbox).drain_shards([region_key(2)])  # fails: shard 2 backs off
     [order] = plan_drains([RegionOutbox])
@@ -80,7 +83,7 @@ def test_scheduler_keeps_in_flight_shards_under_the_limit(settings):
     assert sum(len(order.shards) for order in first) == 6
     assert plan_drains([RegionOutbox]) == []  # all 6 still in flight
     for order in first[:2]:
-        run_order(order, threading.Event())
+        run_order(order)
     second = plan_drains([RegionOutbox])
     assert [key.shard_identifier for order in second for key in order.shards] == [6, 7, 8, 9]
 
@@ -98,7 +101,7 @@ def test_drain_order_releases_its_reservation_and_drains(calls):
     for n in range(3):
         RegionOutboxFactory(shard_identifier=n % 2, object_identifier=n)
     [order] = plan_drains([RegionOutbox])
-    stats = run_order(DrainOrder.from_args(*order.as_args()), threading.Event())
+    stats = run_order(DrainOrder.from_args(*order.as_args()))
     assert (stats.shards, stats.receiver_calls) == (2, 3)
     assert not RegionOutbox.objects.exists()
     assert not ShardLease.objects.exists()
@@ -106,11 +109,8 @@ def test_drain_order_releases_its_reservation_and_drains(calls):
 
 def test_drain_order_leaves_a_shard_someone_else_holds(calls):
     RegionOutboxFactory(shard_identifier=1)
-    backend = Drainer(RegionOutbox).backend
-    backend.claim(RegionOutbox, [region_key(1)], Lease("other-worker", "elsewhere", 30.0))
-    stats = run_order(
-        DrainOrder("outbox.RegionOutbox", "default", [region_key(1)]), threading.Event()
-    )
+    hold_elsewhere(1)
+    stats = run_order(DrainOrder("outbox.RegionOutbox", "default", [region_key(1)]))
     assert stats.receiver_calls == 0 and RegionOutbox.objects.count() == 1
 
 
@@ -120,12 +120,10 @@ def test_drain_order_stops_at_its_time_budget(calls, settings):
     for n in range(20):
         RegionOutboxFactory(shard_identifier=1, object_identifier=n)
     started = time.monotonic()
-    stats = run_order(
-        DrainOrder("outbox.RegionOutbox", "default", [region_key(1)]), threading.Event()
-    )
+    stats = run_order(DrainOrder("outbox.RegionOutbox", "default", [region_key(1)]))
     assert time.monotonic() - started < 1.5
     assert 1 <= stats.receiver_calls < 20
-    assert not ShardLease.objects.filter(token__isnull=False).exists()  # released
+    assert not ShardLease.objects.held().exists()  # released
 
 
 def test_celery_drain_task_runs_an_order(calls):
@@ -171,33 +169,27 @@ def test_failing_prompt_hook_is_logged_not_raised(settings, caplog):
     assert "prompt drain failed" in caplog.text
 
 
-def test_graceful_run_abandons_a_receiver_past_the_timeout(settings):
-    settings.OUTBOX_GRACEFUL_TIMEOUT_SECONDS = 0.2
-    release = threading.Event()
+def test_celery_tasks_take_their_names_from_the_settings_when_registered(settings):
+    from celery import Celery
 
-    def stuck(stop):
-        release.wait(5)
+    from outbox.integrations.celery import add_beat_schedule
 
-    def requester():
-        time.sleep(0.1)
-        graceful.request_shutdown()
-
-    threading.Thread(target=requester).start()
-    try:
-        started = time.monotonic()
-        outcome = graceful.run_gracefully(stuck, name="test-stuck")
-        assert not outcome.finished and time.monotonic() - started < 2
-        # A drain started after the shutdown request stops at once.
-        assert graceful.run_gracefully(lambda stop: stop.is_set(), name="t").result is True
-    finally:
-        release.set()
-        graceful.reset()
+    settings.OUTBOX_CELERY_DRAIN_TASK = "custom.drain"
+    settings.OUTBOX_CELERY_SCHEDULE_TASK = "custom.schedule"
+    app = Celery("names", set_as_current=False)
+    add_beat_schedule(app)
+    assert {"custom.drain", "custom.schedule"} <= set(app.tasks)
+    assert app.conf.beat_schedule["outbox-schedule-drains"]["task"] == "custom.schedule"
 
 
-def test_graceful_run_hands_back_results_and_errors():
-    assert graceful.run_gracefully(lambda stop: 42, name="t").result == 42
-    with pytest.raises(ZeroDivisionError):
-        graceful.run_gracefully(lambda stop: 1 / 0, name="t")
+def test_celery_send_passes_the_time_limit(settings, monkeypatch):
+    from outbox.integrations import celery
+
+    settings.OUTBOX_CELERY_TIME_LIMIT_SECONDS = 12.0
+    sent = []
+    monkeypatch.setattr(celery.drain_task, "apply_async", lambda **options: sent.append(options))
+    celery.send(DrainOrder("outbox.RegionOutbox", "default", [region_key(1)]))
+    assert sent[0]["time_limit"] == 12.0
 
 
 def test_dispatch_summary_is_json_friendly():

@@ -4,7 +4,7 @@ import io
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, transaction
 
 from outbox.models import RegionOutbox
 from tests.conftest import committing, server_database_only
@@ -56,6 +56,22 @@ def test_bad_arguments_are_clear_errors():
         drain("--table", "outbox.ShardLease")
     with pytest.raises(CommandError, match="Unknown scope"):
         drain("--scope", "NOPE")
+    with pytest.raises(CommandError, match="Unknown database 'nosuch'"):
+        drain("--database", "nosuch")
+
+
+def test_refuses_to_drain_inside_an_open_transaction(calls):
+    RegionOutboxFactory(shard_identifier=1)
+    with transaction.atomic(), pytest.raises(CommandError, match="inside an open transaction"):
+        drain()
+    assert calls.calls == [] and RegionOutbox.objects.count() == 1
+
+
+def test_max_seconds_ends_a_loop(calls, settings):
+    settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.05
+    RegionOutboxFactory(shard_identifier=1)
+    output = drain("--loop", "--max-seconds", "0.3", "--progress-every", "0")
+    assert "receiver calls 1" in output
 
 
 @server_database_only

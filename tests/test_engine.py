@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from outbox.backends import get_backend
-from outbox.backends.base import Lease
+from outbox.backends.base import Lease, Settlement, ShardFilter
 from outbox.backends.postgres import PostgresBackend
 from outbox.engine import Drainer, drain_outboxes
 from outbox.exceptions import DrainInTransaction
@@ -181,11 +181,7 @@ def test_filters_limit_the_drain(calls):
 def test_a_held_shard_is_skipped_by_other_workers(calls):
     RegionOutboxFactory(shard_identifier=1)
     RegionOutboxFactory(shard_identifier=2)
-    holder = Drainer(RegionOutbox)
-    from outbox.backends.base import Lease
-
-    lease = Lease("someone-else", "test", 30.0)
-    holder.backend.claim(RegionOutbox, [RegionOutbox.objects.first().shard_key], lease)
+    lease = Drainer(RegionOutbox, identifiers=[1]).reserve(1, "someone-else")
     assert len(lease.shards) == 1
     drain_outboxes()
     assert [c["shard_identifier"] for c in calls.calls] == [2]
@@ -193,11 +189,7 @@ def test_a_held_shard_is_skipped_by_other_workers(calls):
 
 def test_expired_lease_is_taken_over(calls):
     RegionOutboxFactory(shard_identifier=1)
-    drainer = Drainer(RegionOutbox)
-    from outbox.backends.base import Lease
-
-    lease = Lease("dead-worker", "test", 30.0)
-    drainer.backend.claim(RegionOutbox, [RegionOutbox.objects.get().shard_key], lease)
+    Drainer(RegionOutbox).reserve(1, "dead-worker")
     ShardLease.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
     drain_outboxes()
     assert len(calls.calls) == 1
@@ -256,17 +248,31 @@ def test_settle_deletes_only_rows_of_shards_still_held():
     second = RegionOutboxFactory(shard_identifier=2)
     backend = get_backend("default")
     lease = Lease("mine", "test", 30.0)
-    backend.claim(RegionOutbox, [first.shard_key, second.shard_key], lease)
+    backend.claim(RegionOutbox, lease, ShardFilter(), 2)
     assert len(lease.shards) == 2
     # Another worker took shard 2 over after our lease expired.
     ShardLease.objects.filter(shard_identifier=2).update(token="theirs")
-    deleted, lost = backend.settle(
+    settled = backend.settle(
         RegionOutbox,
         lease,
-        {first.shard_key: [first.id], second.shard_key: [second.id]},
-        [],
-        [first.shard_key, second.shard_key],
+        Settlement(
+            delivered={first.shard_key: [first.id], second.shard_key: [second.id]},
+            release=[first.shard_key, second.shard_key],
+        ),
     )
-    assert (deleted, lost) == (1, {second.shard_key})
+    assert (settled.deleted, settled.lost) == (1, {second.shard_key})
     assert list(RegionOutbox.objects.values_list("id", flat=True)) == [second.id]
+    assert list(ShardLease.objects.values_list("token", flat=True)) == ["theirs"]
+
+
+def test_reserve_and_unreserve_hand_shards_to_a_scheduler(calls):
+    for shard in (1, 2, 3):
+        RegionOutboxFactory(shard_identifier=shard)
+    reservation = Drainer(RegionOutbox).reserve(2, "queued:test")
+    assert len(reservation.shards) == 2
+    reserved = ShardLease.objects.of(RegionOutbox).held().with_token(reservation.token)
+    assert set(reserved.values_list("holder", flat=True)) == {"queued:test"}
+    assert drain_outboxes().shards == 1  # the reserved shards are not drained
+    ShardLease.objects.of_shard(reservation.shards[1]).update(token="theirs")
+    Drainer(RegionOutbox).unreserve(reservation.token, reservation.shards)
     assert list(ShardLease.objects.values_list("token", flat=True)) == ["theirs"]

@@ -100,7 +100,8 @@ def test_update_emits_in_batches_for_every_changed_object(calls, monkeypatch):
     calls.reset()  # the bulk_create's own messages were flushed at its commit
     with CaptureQueriesContext(connection) as queries:
         assert Organization.objects.filter(name__startswith="B").update(name="batched") == 5
-    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT INTO")]
+    outbox_insert = 'INSERT INTO "outbox_regionoutbox"'
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith(outbox_insert)]
     # 5 objects in batches of 2: one bulk insert of their outbox rows per batch.
     assert len(inserts) == (3 if connection.features.can_return_rows_from_bulk_insert else 5)
     # Flushed after the update's commit: one message per object, with its new state.

@@ -86,7 +86,8 @@ def _process_group(head: Any) -> int:
     oldest = group.first() or newest  # the reference reads it for its lag metrics
     if newest is None or oldest is None:
         return 0
-    head.process_signal.send(sender=registry.category(newest.category), **newest.signal_kwargs())
+    kwargs = head.message_kwargs(newest)
+    head.process_signal.send(sender=registry.category(newest.category), **kwargs)
     deleted = 0
     while True:
         batch = group.values_list("id", flat=True)[:DELETE_BATCH]

@@ -1,18 +1,35 @@
-"""The engine's view of a database: one small interface, one implementation per path.
+"""The contract between the drain engine and a database: one small class, two paths.
 
-Every method runs as its own short transaction (the engine never calls them inside a
-caller's transaction), so a lease is committed, and so visible to other workers, the
-moment `claim` returns. "Held" always means: the lease row still carries our token.
-Stealing an expired lease replaces the token in one guarded UPDATE, so a token match is
-all a holder needs to check.
+A backend owns every database operation of the engine for one connection alias: claim
+due shards under a lease, read a window of their rows, settle a round (delete what was
+delivered, reschedule what failed, release finished shards), renew and release leases.
+The engine never writes SQL or ORM queries of its own; `outbox.backends.select` picks
+the backend for a database.
+
+What every backend guarantees, whatever its path:
+
+- Every method commits on its own: the engine calls it outside any transaction, and
+  what it wrote is committed, and so visible to other workers, when it returns. Called
+  inside an atomic block (a transactional receiver retiring its own rows), it joins
+  that block instead. A method may run several statements if each one is guarded by
+  the lease and leaves a consistent state when the next one never runs.
+- "Held" means one thing: the lease row still carries our token. Taking over an expired
+  lease replaces the token in one guarded statement, so a token match is all a holder
+  checks. A lease that lapsed but was not taken over is still held.
+- Times are the database clock (`now()`), never the application server's.
+- A backend never imports the engine or the write path; it raises
+  NotImplementedError for an operation it cannot do, and does nothing, quietly, for
+  one that has nothing to do (empty shards, an empty settlement).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
@@ -20,7 +37,11 @@ from outbox.shards import ShardKey
 
 @dataclass
 class Lease:
-    """A claim on some shards of one outbox table, shared by one batch."""
+    """A claim on some shards of one outbox table, shared by one batch.
+
+    `seconds` is the lease length (each renewal extends it by that much from now on the
+    database clock); `shards` are the shards the claim won and still works on.
+    """
 
     token: str
     holder: str
@@ -28,8 +49,27 @@ class Lease:
     shards: list[ShardKey] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ShardFilter:
+    """Which shards a claim may take. Empty means any due shard of the table.
+
+    `shards` limits the claim to these shards; `scopes` and `identifiers` to shards of
+    those scopes or identifiers. `after` is a fairness hint, not a filter: a backend
+    that walks shards in key order starts after it and wraps around.
+    """
+
+    shards: tuple[ShardKey, ...] | None = None
+    scopes: tuple[int, ...] | None = None
+    identifiers: tuple[int, ...] | None = None
+    after: ShardKey | None = None
+
+
 class Message:
-    """The newest row of a group as the fast path reads it: only what the signal needs."""
+    """The newest row of a group as a fast path reads it: only what the signal needs.
+
+    A backend may instead hand the engine the model instance itself; both carry the
+    shard fields, `category`, `object_identifier`, a decoded `payload` and the times.
+    """
 
     __slots__ = (
         "category",
@@ -54,7 +94,8 @@ class Message:
 
 
 class Group:
-    """A coalescing group as read: all its pending row ids, and its newest row.
+    """A coalescing group as read: its pending row ids (oldest first), their attempts,
+    and its newest row (`message`; None when an operator removed it meanwhile).
 
     A plain class with slots: the engine makes one per group read, on the hot path.
     """
@@ -86,14 +127,46 @@ class Window:
     incomplete: set[ShardKey]
 
 
-@dataclass
+@dataclass(frozen=True)
 class FailedGroup:
-    """A group whose receiver raised: per-row delays, and the shard's back-off."""
+    """A group whose receiver raised: when to retry each row, the error, and how long
+    its shard backs off (the delay of the shard's head row)."""
 
     shard: ShardKey
     row_delays: dict[int, float]
     error: str
     block_seconds: float
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """The end of a round, for one lease.
+
+    - `delivered`: per shard, the row ids whose receivers succeeded: delete them;
+    - `failed`: groups to reschedule; their shards keep a lease row without a holder
+      until the back-off ends, so their later groups wait in order;
+    - `release`: finished shards whose lease to drop (never a failed shard);
+    - `dead`: groups to move to the dead-letter state. An extension point: backends
+      without dead letters raise NotImplementedError when it is not empty.
+    """
+
+    delivered: Mapping[ShardKey, Sequence[int]] = field(default_factory=dict)
+    failed: Sequence[FailedGroup] = ()
+    release: Sequence[ShardKey] = ()
+    dead: Sequence[FailedGroup] = ()
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    """What a settlement did: rows deleted, and the shards whose lease was lost (their
+    rows were neither deleted nor rescheduled; another worker delivers them again)."""
+
+    deleted: int = 0
+    lost: frozenset[ShardKey] = frozenset()
+
+
+# What `connection.execute_wrapper` takes: (execute, sql, params, many, context).
+ExecuteWrapper = Callable[..., Any]
 
 
 class OutboxBackend(ABC):
@@ -102,127 +175,62 @@ class OutboxBackend(ABC):
     def __init__(self, using: str) -> None:
         self.using = using
 
+    @classmethod
     @abstractmethod
-    def find_due_shards(
-        self,
-        model: type[OutboxBase],
-        limit: int,
-        *,
-        within: Sequence[ShardKey] | None = None,
-        scopes: Sequence[int] | None = None,
-        identifiers: Sequence[int] | None = None,
+    def supports(cls, connection: BaseDatabaseWrapper) -> bool:
+        """Whether this backend can run on `connection` (vendor and features)."""
+
+    @classmethod
+    def commit_with_last_insert(cls, connection: BaseDatabaseWrapper) -> ExecuteWrapper | None:
+        """An optional capability for the write path's deferred writer: an execute
+        wrapper (`connection.execute_wrapper`) that sends the COMMIT in the same round
+        trip as the INSERT it wraps, or None where the database cannot. The transaction
+        must end with that statement; the driver's own commit afterwards must then be a
+        no-op."""
+        return None
+
+    @abstractmethod
+    def claim(
+        self, model: type[OutboxBase], lease: Lease, where: ShardFilter, limit: int
     ) -> list[ShardKey]:
-        """Shards with a due row and no live lease, oldest work first."""
+        """Lease up to `limit` shards of `model` that pass `where`, have a due row and no
+        live lease (held, or backing off), under `lease.token`, expiring `lease.seconds`
+        from now. Shards whose lease expired are taken over.
 
-    @abstractmethod
-    def claim(self, model: type[OutboxBase], shards: Sequence[ShardKey], lease: Lease) -> None:
-        """Lease whichever of `shards` are free; set `lease.shards` to those won."""
-
-    def claim_due(
-        self,
-        model: type[OutboxBase],
-        lease: Lease,
-        limit: int,
-        *,
-        within: Sequence[ShardKey] | None = None,
-        scopes: Sequence[int] | None = None,
-        identifiers: Sequence[int] | None = None,
-        after: ShardKey | None = None,
-    ) -> None:
-        """Lease up to `limit` due, free shards; set `lease.shards` to those won.
-
-        `after` is a hint for fairness: a backend that walks shards in key order starts
-        after it and wraps around.
+        Must guarantee that no two claims win one shard, whatever runs concurrently,
+        and that the lease is committed on return. Sets `lease.shards` to the shards
+        won, in key order, and returns them; no shard won is not an error.
         """
-        due = self.find_due_shards(
-            model, limit, within=within, scopes=scopes, identifiers=identifiers
-        )
-        self.claim(model, due, lease)
-
-    @abstractmethod
-    def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
-        """Push the lease's expiry forward; return the shards still held."""
 
     @abstractmethod
     def read_window(
-        self,
-        model: type[OutboxBase],
-        shards: Sequence[ShardKey],
-        limit: int,
+        self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int
     ) -> Window:
-        """Read up to `limit` pending rows of `shards` (their first rows), coalesced."""
+        """Read the first pending rows of `shards` (about `limit` in all, due or not: a
+        shard is delivered in order once its head is due), coalesced into groups.
+
+        Each group's `message` must carry the payload decoded the way Django decodes
+        the model's payload field (its decoder, its converters). Shards that may hold
+        more rows than were read are listed in `Window.incomplete`.
+        """
 
     @abstractmethod
-    def retire(
-        self, model: type[OutboxBase], lease: Lease, row_ids: Mapping[ShardKey, Sequence[int]]
-    ) -> tuple[int, set[ShardKey]]:
-        """Delete delivered rows of shards still held; return (deleted, shards lost)."""
+    def settle(self, model: type[OutboxBase], lease: Lease, settlement: Settlement) -> SettleResult:
+        """Apply `settlement` where `lease` still holds the shards.
+
+        Must never delete or reschedule rows of a shard whose lease was lost (another
+        worker may be delivering them), and must report those shards in
+        `SettleResult.lost`; rows an operator removed meanwhile are not a lost lease.
+        Failed rows get attempts + 1, first/last attempt times, the error and their
+        own retry time; the shard's lease row loses its token and expires when the
+        shard may be retried. Returns the rows deleted and the shards lost.
+        """
 
     @abstractmethod
-    def reschedule(
-        self, model: type[OutboxBase], lease: Lease, failures: Sequence[FailedGroup]
-    ) -> None:
-        """Record a failed attempt on each row and back its shard off."""
+    def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
+        """Extend the lease by `lease.seconds` from now; return the shards still held."""
 
     @abstractmethod
     def release(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
-        """Give up the lease on `shards` (only where it is still ours)."""
-
-    def settle(
-        self,
-        model: type[OutboxBase],
-        lease: Lease,
-        row_ids: Mapping[ShardKey, Sequence[int]],
-        failures: Sequence[FailedGroup],
-        release: Sequence[ShardKey],
-    ) -> tuple[int, set[ShardKey]]:
-        """End a round: retire delivered rows, reschedule failures, release finished shards.
-
-        `release` never names a failed shard (rescheduling keeps its lease row as a
-        back-off). Returns (rows deleted, shards whose lease was lost).
-        """
-        deleted, lost = self.retire(model, lease, row_ids)
-        self.reschedule(model, lease, [f for f in failures if f.shard not in lost])
-        self.release(model, lease, release)
-        return deleted, lost
-
-
-def coalesce(
-    model: type[OutboxBase], rows: Sequence[Sequence[Any]]
-) -> tuple[dict[ShardKey, list[Group]], dict[Group, Sequence[Any]], dict[ShardKey, int]]:
-    """Group rows read in id order (within each shard) into coalescing groups.
-
-    Each row is the `shard_fields` values, then id, category, object_identifier and
-    attempts, then whatever else the caller read. Returns the groups per shard (in order
-    of their oldest row), each group's newest row, and the number of rows per shard.
-    This loop runs once per row read, so it is kept tight.
-    """
-    width = len(model.shard_fields)
-    groups: dict[ShardKey, list[Group]] = {}
-    newest: dict[Group, Sequence[Any]] = {}
-    read: dict[ShardKey, int] = {}
-    per_shard: dict[tuple[Any, ...], tuple[ShardKey, list[Group], dict[tuple[int, int], Group]]]
-    per_shard = {}
-    last_raw: tuple[Any, ...] = ()
-    shard = ShardKey("", 0, 0)
-    shard_groups: list[Group] = []
-    by_object: dict[tuple[int, int], Group] = {}
-    for row in rows:
-        raw = tuple(row[:width])
-        if raw != last_raw:  # rows of one shard usually come together
-            last_raw = raw
-            if raw not in per_shard:
-                key = model.shard_key_of(raw)
-                per_shard[raw] = (key, groups.setdefault(key, []), {})
-                read[key] = 0
-            shard, shard_groups, by_object = per_shard[raw]
-        read[shard] += 1
-        object_key = (row[width + 1], row[width + 2])
-        group = by_object.get(object_key)
-        if group is None:
-            group = by_object[object_key] = Group(shard, *object_key)
-            shard_groups.append(group)
-        group.row_ids.append(row[width])
-        group.attempts.append(row[width + 3])
-        newest[group] = row  # the last row seen of a group is its newest
-    return groups, newest, read
+        """Drop the lease on `shards` where `lease.token` still holds it, so the shards
+        may be claimed at once; shards someone else holds are left alone."""

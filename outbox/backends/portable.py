@@ -3,17 +3,19 @@
 Exclusivity rests on the unique key of `ShardLease`: a free shard is claimed by
 inserting its lease row (a concurrent insert of the same key is ignored), an expired
 one by a single UPDATE guarded by `expires_at <= now`, which every database evaluates
-against the latest committed row. All times are the database's `Now()`.
+against the latest committed row. Lease states come from `ShardLease.objects`; all
+times are the database's `Now()`.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from functools import reduce
 from typing import Any, cast
 
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     Case,
     DateTimeField,
@@ -30,8 +32,17 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Now
 
-from outbox.backends.base import FailedGroup, Lease, OutboxBackend, Window, coalesce
-from outbox.models import OutboxBase, ShardLease
+from outbox.backends.base import (
+    FailedGroup,
+    Lease,
+    OutboxBackend,
+    Settlement,
+    SettleResult,
+    ShardFilter,
+    Window,
+)
+from outbox.backends.coalesce import coalesce
+from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet
 from outbox.shards import ShardKey
 
 
@@ -48,6 +59,7 @@ def any_of(conditions: Sequence[Q]) -> Q:
 
 
 def lease_key(key: ShardKey) -> Q:
+    """The lease row of one shard, as a condition (for OR-ing and `When`)."""
     return Q(
         region_name=key.region_name,
         shard_scope=key.shard_scope,
@@ -55,174 +67,178 @@ def lease_key(key: ShardKey) -> Q:
     )
 
 
+def key_set(leases: ShardLeaseQuerySet) -> set[ShardKey]:
+    columns = leases.values_list("region_name", "shard_scope", "shard_identifier")
+    return {ShardKey(*values) for values in columns}
+
+
 class PortableBackend(OutboxBackend):
-    def leases(self, model: type[OutboxBase]) -> QuerySet[ShardLease]:
-        leases = ShardLease._default_manager.using(self.using)
-        return cast("QuerySet[ShardLease]", leases.filter(outbox=model._meta.label_lower))
+    @classmethod
+    def supports(cls, connection: BaseDatabaseWrapper) -> bool:
+        return True
+
+    def leases(self, model: type[OutboxBase]) -> ShardLeaseQuerySet:
+        leases: ShardLeaseQuerySet = ShardLease.objects.using(self.using)
+        return leases.of(model)
 
     def rows(self, model: type[OutboxBase]) -> QuerySet[Any]:
         return cast("QuerySet[Any]", model._default_manager.using(self.using))
 
-    def lease_of_row(self, model: type[OutboxBase]) -> dict[str, Any]:
+    def shard_of_row(self, model: type[OutboxBase]) -> dict[str, Any]:
         """Lookups matching a lease row to the outer outbox row's shard."""
-        refs: dict[str, Any] = {field: OuterRef(field) for field in model.shard_fields}
+        refs: dict[str, Any] = {name: OuterRef(name) for name in model.shard_fields}
         refs.setdefault("region_name", "")
         return refs
 
-    def find_due_shards(
-        self,
-        model: type[OutboxBase],
-        limit: int,
-        *,
-        within: Sequence[ShardKey] | None = None,
-        scopes: Sequence[int] | None = None,
-        identifiers: Sequence[int] | None = None,
+    def ours(self, model: type[OutboxBase], lease: Lease) -> Exists:
+        """The outer outbox row's shard is held by `lease`."""
+        return Exists(self.leases(model).with_token(lease.token).filter(**self.shard_of_row(model)))
+
+    # -- claim --------------------------------------------------------------------------
+
+    def claim(
+        self, model: type[OutboxBase], lease: Lease, where: ShardFilter, limit: int
     ) -> list[ShardKey]:
+        nothing_to_claim = limit <= 0 or where.shards == ()
+        due = [] if nothing_to_claim else self.due_shards(model, where, limit)
+        if due:
+            self.take(model, lease, due)
+            won = key_set(self.leases(model).with_token(lease.token))
+            due = [key for key in due if key in won]
+        lease.shards = sorted(due)
+        return lease.shards
+
+    def due_shards(self, model: type[OutboxBase], where: ShardFilter, limit: int) -> list[ShardKey]:
+        """Shards with a due row and no live lease, oldest head first."""
         due = self.rows(model).filter(scheduled_for__lte=Now())
-        if within is not None:
-            due = due.filter(any_of([Q(**model.shard_lookup(key)) for key in within]))
-        if scopes:
-            due = due.filter(shard_scope__in=scopes)
-        if identifiers:
-            due = due.filter(shard_identifier__in=identifiers)
-        live = self.leases(model).filter(expires_at__gt=Now(), **self.lease_of_row(model))
+        if where.shards is not None:
+            due = due.filter(any_of([Q(**model.shard_lookup(key)) for key in where.shards]))
+        if where.scopes:
+            due = due.filter(shard_scope__in=where.scopes)
+        if where.identifiers:
+            due = due.filter(shard_identifier__in=where.identifiers)
+        live = self.leases(model).live().filter(**self.shard_of_row(model))
         heads = (
             due.filter(~Exists(live))
             .values(*model.shard_fields)
             .annotate(head=Min("id"))
             .order_by("head")[:limit]
         )
-        return [model.shard_key_of([head[f] for f in model.shard_fields]) for head in heads]
+        return [model.shard_key_of([head[name] for name in model.shard_fields]) for head in heads]
 
-    def claim(self, model: type[OutboxBase], shards: Sequence[ShardKey], lease: Lease) -> None:
-        if not shards:
-            lease.shards = []
-            return
-        label = model._meta.label_lower
-        expires = db_now_plus(lease.seconds)
-        taken = {"token": lease.token, "holder": lease.holder, "expires_at": expires}
-        # Take over expired leases; the guard is re-checked on the row itself, so two
-        # workers cannot both win one.
-        self.leases(model).filter(expires_at__lte=Now()).filter(
-            any_of([lease_key(key) for key in shards])
-        ).update(claimed_at=Now(), **taken)
-        # Insert leases for shards that have none; a lease someone else holds stays.
-        ShardLease.objects.using(self.using).bulk_create(
-            [
-                ShardLease(
-                    outbox=label,
-                    region_name=key.region_name,
-                    shard_scope=key.shard_scope,
-                    shard_identifier=key.shard_identifier,
-                    **taken,
-                )
-                for key in shards
-            ],
-            ignore_conflicts=True,
-        )
-        won = self.held(model, lease)
-        lease.shards = [key for key in shards if key in won]
-
-    def held(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
-        keys = self.leases(model).filter(token=lease.token)
-        return {
-            ShardKey(*values)
-            for values in keys.values_list("region_name", "shard_scope", "shard_identifier")
+    def take(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
+        """Lease whichever of `shards` are free or expired; a live lease stays."""
+        taken = {
+            "token": lease.token,
+            "holder": lease.holder,
+            "expires_at": db_now_plus(lease.seconds),
         }
-
-    def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
-        renewed = (
-            self.leases(model)
-            .filter(token=lease.token)
-            .update(expires_at=db_now_plus(lease.seconds))
+        # The expiry guard is re-checked on the row itself: two workers cannot both win.
+        self.leases(model).expired().filter(any_of([lease_key(key) for key in shards])).update(
+            claimed_at=Now(), **taken
         )
-        if renewed == len(lease.shards):
-            return set(lease.shards)
-        return self.held(model, lease)
+        fresh = [
+            ShardLease(
+                outbox=model._meta.label_lower,
+                region_name=key.region_name,
+                shard_scope=key.shard_scope,
+                shard_identifier=key.shard_identifier,
+                **taken,
+            )
+            for key in shards
+        ]
+        ShardLease.objects.using(self.using).bulk_create(fresh, ignore_conflicts=True)
+
+    # -- read ---------------------------------------------------------------------------
 
     def read_window(
-        self,
-        model: type[OutboxBase],
-        shards: Sequence[ShardKey],
-        limit: int,
+        self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int
     ) -> Window:
         selectors = [Q(**model.shard_lookup(key)) for key in shards]
         columns = (*model.shard_fields, "id", "category", "object_identifier", "attempts")
-        rows = list(
-            self.rows(model).filter(any_of(selectors)).order_by("id").values_list(*columns)[:limit]
-        )
+        read = self.rows(model).filter(any_of(selectors)).order_by("id")
+        rows = list(read.values_list(*columns)[:limit])
         groups, _, _ = coalesce(model, rows)
         # One window for all shards: when it is full, any shard may continue past it.
         incomplete = set(shards) if len(rows) >= limit else set()
         newest_ids = [group.newest_id for shard_groups in groups.values() for group in shard_groups]
-        # One query (in_bulk would split it into batches on SQLite).
+        # Model instances: the payload is decoded by its own field. One query (in_bulk
+        # would split it into batches on SQLite).
         newest = {row.id: row for row in self.rows(model).filter(id__in=newest_ids)}
         for shard_groups in groups.values():
             for group in shard_groups:
                 group.message = newest.get(group.newest_id)
         return Window(groups, incomplete)
 
+    # -- settle -------------------------------------------------------------------------
+
+    def settle(self, model: type[OutboxBase], lease: Lease, settlement: Settlement) -> SettleResult:
+        if settlement.dead:
+            raise NotImplementedError("the portable backend has no dead letters yet")
+        # Each statement is guarded by the lease and commits on its own, so stopping
+        # between them leaves nothing inconsistent: a lease kept expires, a rescheduled
+        # row waits for its time. (One transaction would, when the connection dies, be
+        # closed and reconnected by Django, releasing leases the engine meant to keep.)
+        deleted, lost = self.retire(model, lease, settlement)
+        self.reschedule(model, lease, [f for f in settlement.failed if f.shard not in lost])
+        self.release(model, lease, [key for key in settlement.release if key not in lost])
+        return SettleResult(deleted, frozenset(lost))
+
     def retire(
-        self, model: type[OutboxBase], lease: Lease, row_ids: Mapping[ShardKey, Sequence[int]]
+        self, model: type[OutboxBase], lease: Lease, settlement: Settlement
     ) -> tuple[int, set[ShardKey]]:
-        ids = [row_id for shard_ids in row_ids.values() for row_id in shard_ids]
+        """Delete the delivered rows of held shards; return (deleted, shards lost)."""
+        ids = [row_id for shard_ids in settlement.delivered.values() for row_id in shard_ids]
         if not ids:
             return 0, set()
-        ours = self.leases(model).filter(token=lease.token, **self.lease_of_row(model))
-        deleted = self.rows(model).filter(id__in=ids).filter(Exists(ours))._raw_delete(self.using)
+        delivered = self.rows(model).filter(id__in=ids).filter(self.ours(model, lease))
+        deleted = delivered._raw_delete(self.using)
         if deleted == len(ids):
             return deleted, set()
         # Fewer rows went than asked: either a lease was lost, or an operator removed
         # rows meanwhile. Only the former is a lost shard.
-        still_held = self.held(model, lease)
-        return deleted, {key for key in row_ids if key not in still_held}
+        held = key_set(self.leases(model).with_token(lease.token))
+        return deleted, {key for key in settlement.delivered if key not in held}
 
     def reschedule(
         self, model: type[OutboxBase], lease: Lease, failures: Sequence[FailedGroup]
     ) -> None:
+        """Record a failed attempt on each row; back its shard off, without a holder."""
         if not failures:
             return
-        next_attempt = Case(
-            *[
-                When(id=row_id, then=db_now_plus(delay))
-                for failure in failures
-                for row_id, delay in failure.row_delays.items()
-            ],
-            output_field=DateTimeField(),
-        )
-        error = Case(
-            *[
-                When(id__in=list(failure.row_delays), then=Value(failure.error))
-                for failure in failures
-            ],
-            default=F("last_error"),
-            output_field=TextField(),
-        )
-        self.rows(model).filter(
-            id__in=[row_id for failure in failures for row_id in failure.row_delays]
-        ).update(
+        retry_at = [
+            When(id=row_id, then=db_now_plus(delay))
+            for failure in failures
+            for row_id, delay in failure.row_delays.items()
+        ]
+        errors = [When(id__in=list(f.row_delays), then=Value(f.error)) for f in failures]
+        row_ids = [row_id for failure in failures for row_id in failure.row_delays]
+        self.rows(model).filter(id__in=row_ids).filter(self.ours(model, lease)).update(
             attempts=F("attempts") + 1,
             scheduled_from=Now(),
-            scheduled_for=next_attempt,
+            scheduled_for=Case(*retry_at, output_field=DateTimeField()),
             first_attempt_at=Coalesce(F("first_attempt_at"), Now()),
             last_attempt_at=Now(),
-            last_error=error,
+            last_error=Case(*errors, default=F("last_error"), output_field=TextField()),
         )
-        # Keep the lease row, without a holder, until the shard may be retried: the
-        # shard stays blocked (its later groups wait) for the back-off of its head.
-        backoff = Case(
-            *[
-                When(lease_key(failure.shard), then=db_now_plus(failure.block_seconds))
-                for failure in failures
-            ],
-            output_field=DateTimeField(),
-        )
-        self.leases(model).filter(token=lease.token).filter(
+        # The lease row stays, without a token, until the shard may be retried: its
+        # later groups wait out the back-off of its head.
+        backoff = [When(lease_key(f.shard), then=db_now_plus(f.block_seconds)) for f in failures]
+        self.leases(model).with_token(lease.token).filter(
             any_of([lease_key(failure.shard) for failure in failures])
-        ).update(token=None, expires_at=backoff)
+        ).update(token=None, expires_at=Case(*backoff, output_field=DateTimeField()))
+
+    # -- leases -------------------------------------------------------------------------
+
+    def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
+        ours = self.leases(model).with_token(lease.token)
+        renewed = ours.update(expires_at=db_now_plus(lease.seconds))
+        if renewed == len(lease.shards):
+            return set(lease.shards)
+        return key_set(ours)
 
     def release(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
         if shards:
-            self.leases(model).filter(token=lease.token).filter(
+            self.leases(model).with_token(lease.token).filter(
                 any_of([lease_key(key) for key in shards])
             )._raw_delete(self.using)

@@ -1,11 +1,12 @@
 """The PostgreSQL fast path: each engine step is one statement, whatever the batch size.
 
-- Finding due shards walks the shard index with a recursive skip scan: one index probe
-  per shard visited, stopping after enough due shards, so its cost follows the due
-  shards and not the backlog. Walks resume after the last claimed shard and wrap around,
-  so no part of the key space waits behind another.
-- Claiming retakes expired leases with `FOR UPDATE SKIP LOCKED` and inserts missing ones
-  with `ON CONFLICT DO NOTHING`, in the same statement as the walk.
+- Claiming walks the shard index with a recursive skip scan (one index probe per shard
+  visited, stopping after enough due shards, so its cost follows the due shards and
+  not the backlog), retakes expired leases with `FOR UPDATE SKIP LOCKED` and inserts
+  missing ones with `ON CONFLICT DO NOTHING`, all in one statement. Walks resume after
+  the last claimed shard and wrap around, so no part of the key space waits behind
+  another.
+- Reading sends the payload of the newest row of each group only.
 - A round ends with one statement that deletes the delivered rows of shards still held,
   reschedules failed rows with per-row values, backs their shards off and releases the
   finished ones, and reports which shards are still held.
@@ -15,20 +16,58 @@ The statements themselves live in `postgres_sql`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import JSONField
 
-from outbox.backends.base import FailedGroup, Lease, Message, Window, coalesce
-from outbox.backends.portable import PortableBackend
+from outbox.backends.base import (
+    ExecuteWrapper,
+    Lease,
+    Message,
+    OutboxBackend,
+    Settlement,
+    SettleResult,
+    ShardFilter,
+    Window,
+)
+from outbox.backends.coalesce import coalesce
 from outbox.backends.postgres_sql import statements
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
 # PostgreSQL prints jsonb without surrounding whitespace: raw_decode skips the checks
 # json.loads makes for it, which matter at one call per message.
-_decode_json = json.JSONDecoder().raw_decode
+_raw_decode = json.JSONDecoder().raw_decode
+
+
+def _decode_stock_json(value: Any) -> Any:
+    return _raw_decode(value)[0] if isinstance(value, str) else value
+
+
+def payload_decoder(
+    model: type[OutboxBase], connection: BaseDatabaseWrapper
+) -> Callable[[Any], Any]:
+    """How Django turns the payload column of `model` into a value, as one function.
+
+    A stock JSONField without a decoder takes the fast raw_decode; any other field (a
+    custom decoder, a JSONField subclass) goes through its own converters, as a
+    queryset would.
+    """
+    payload_field = model._meta.get_field("payload")
+    if type(payload_field) is JSONField and payload_field.decoder is None:
+        return _decode_stock_json
+    column = payload_field.get_col(model._meta.db_table)  # type: ignore[union-attr]
+    converters = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
+
+    def decode(value: Any) -> Any:
+        for converter in converters:
+            value = converter(value, column, connection)
+        return value
+
+    return decode
 
 
 def int_array(values: Sequence[int]) -> str:
@@ -44,169 +83,155 @@ def key_arrays(keys: Sequence[ShardKey]) -> tuple[list[str], list[int], list[int
     )
 
 
-class PostgresBackend(PortableBackend):
+def key_params(prefix: str, keys: Sequence[ShardKey]) -> dict[str, list[Any]]:
+    """Shard keys as the three parallel arrays `{prefix}_regions`, `_scopes`, `_identifiers`."""
+    regions, scopes, identifiers = key_arrays(keys)
+    return {
+        f"{prefix}_regions": regions,
+        f"{prefix}_scopes": scopes,
+        f"{prefix}_identifiers": identifiers,
+    }
+
+
+def bound_params(prefix: str, key: ShardKey) -> dict[str, Any]:
+    return {
+        f"{prefix}_region": key.region_name,
+        f"{prefix}_scope": key.shard_scope,
+        f"{prefix}_identifier": key.shard_identifier,
+    }
+
+
+def settle_params(model: type[OutboxBase], lease: Lease, settlement: Settlement) -> dict[str, Any]:
+    delivered, failed = settlement.delivered, settlement.failed
+    failed_rows = [(i, delay, f.error) for f in failed for i, delay in f.row_delays.items()]
+    return {
+        "label": model._meta.label_lower,
+        "token": lease.token,
+        "delivered": int_array([row_id for ids in delivered.values() for row_id in ids]),
+        "delivered_shards": len(delivered),
+        **key_params("d", list(delivered)),
+        "failed": int_array([row[0] for row in failed_rows]),
+        "delays": [row[1] for row in failed_rows],
+        "errors": [row[2] for row in failed_rows],
+        **key_params("b", [f.shard for f in failed]),
+        "b_delays": [f.block_seconds for f in failed],
+        **key_params("r", settlement.release),
+    }
+
+
+class PostgresBackend(OutboxBackend):
+    @classmethod
+    def supports(cls, connection: BaseDatabaseWrapper) -> bool:
+        return connection.vendor == "postgresql" and bool(
+            connection.features.has_select_for_update_skip_locked
+        )
+
+    @classmethod
+    def commit_with_last_insert(cls, connection: BaseDatabaseWrapper) -> ExecuteWrapper | None:
+        """psycopg 3 with client-side binding (Django's default) sends a multi-statement
+        query as one message, so `INSERT ...; COMMIT` costs one round trip; psycopg's own
+        commit afterwards finds the transaction ended and does nothing. Server-side
+        binding and psycopg 2 cannot."""
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        options = connection.settings_dict.get("OPTIONS", {})
+        if not is_psycopg3 or options.get("server_side_binding"):
+            return None
+        return _append_commit
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using)
+        self._decoders: dict[type[OutboxBase], Callable[[Any], Any]] = {}
+
     def _fetch(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
         with connections[self.using].cursor() as cursor:
             cursor.execute(sql, params)
             return list(cursor.fetchall())
 
-    def _walk_params(
-        self,
-        model: type[OutboxBase],
-        limit: int,
-        scopes: Sequence[int] | None,
-        identifiers: Sequence[int] | None,
-    ) -> dict[str, Any]:
-        return {
+    def claim(
+        self, model: type[OutboxBase], lease: Lease, where: ShardFilter, limit: int
+    ) -> list[ShardKey]:
+        if limit <= 0 or where.shards == ():
+            lease.shards = []
+            return lease.shards
+        sql = statements(model)
+        params = {
             "label": model._meta.label_lower,
             "limit": limit,
-            "scopes": list(scopes) if scopes else None,
-            "identifiers": list(identifiers) if identifiers else None,
+            "scopes": list(where.scopes) if where.scopes else None,
+            "identifiers": list(where.identifiers) if where.identifiers else None,
+            "token": lease.token,
+            "holder": lease.holder,
+            "seconds": lease.seconds,
         }
-
-    @staticmethod
-    def _bound(prefix: str, key: ShardKey) -> dict[str, Any]:
-        return {
-            f"{prefix}_region": key.region_name,
-            f"{prefix}_scope": key.shard_scope,
-            f"{prefix}_identifier": key.shard_identifier,
-        }
-
-    def find_due_shards(
-        self,
-        model: type[OutboxBase],
-        limit: int,
-        *,
-        within: Sequence[ShardKey] | None = None,
-        scopes: Sequence[int] | None = None,
-        identifiers: Sequence[int] | None = None,
-    ) -> list[ShardKey]:
-        sql = statements(model)
-        params = self._walk_params(model, limit, scopes, identifiers)
-        if within is not None:
-            regions, scopes_in, identifiers_in = key_arrays(within)
-            params.update(regions=regions, scopes_in=scopes_in, identifiers_in=identifiers_in)
-            return [ShardKey(*row) for row in self._fetch(sql.keys_due, params)]
-        return [ShardKey(*row) for row in self._fetch(sql.walk_due, params)]
-
-    def claim_due(
-        self,
-        model: type[OutboxBase],
-        lease: Lease,
-        limit: int,
-        *,
-        within: Sequence[ShardKey] | None = None,
-        scopes: Sequence[int] | None = None,
-        identifiers: Sequence[int] | None = None,
-        after: ShardKey | None = None,
-    ) -> None:
-        sql = statements(model)
-        params = self._walk_params(model, limit, scopes, identifiers)
-        params.update(token=lease.token, holder=lease.holder, seconds=lease.seconds)
-        if within is not None:
-            regions, scopes_in, identifiers_in = key_arrays(within)
+        if where.shards is not None:
+            regions, scopes_in, identifiers_in = key_arrays(where.shards)
             params.update(regions=regions, scopes_in=scopes_in, identifiers_in=identifiers_in)
             won = self._fetch(sql.claim_keys, params)
-        elif after is None:
+        elif where.after is None:
             won = self._fetch(sql.claim_walk, params)
         else:
-            won = self._fetch(sql.claim_walk_after, {**params, **self._bound("after", after)})
+            won = self._fetch(
+                sql.claim_walk_after, {**params, **bound_params("after", where.after)}
+            )
             if len(won) < limit:  # wrap around to the shards before the cursor
                 params["limit"] = limit - len(won)
-                won += self._fetch(sql.claim_walk_until, {**params, **self._bound("until", after)})
+                won += self._fetch(
+                    sql.claim_walk_until, {**params, **bound_params("until", where.after)}
+                )
         lease.shards = sorted(ShardKey(*row) for row in won)
-
-    def claim(self, model: type[OutboxBase], shards: Sequence[ShardKey], lease: Lease) -> None:
-        # Claiming named shards is claim_due restricted to them.
-        self.claim_due(model, lease, len(shards), within=shards)
-
-    def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
-        params = {"label": model._meta.label_lower, "token": lease.token, "seconds": lease.seconds}
-        return {ShardKey(*row) for row in self._fetch(statements(model).renew, params)}
+        return lease.shards
 
     def read_window(
-        self,
-        model: type[OutboxBase],
-        shards: Sequence[ShardKey],
-        limit: int,
+        self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int
     ) -> Window:
         # Each shard gets its share of the window, read through the shard index, so the
         # cost follows the rows read and not the size of the shards.
         per_shard = max(limit // max(len(shards), 1), 100)
         rows = self._fetch(statements(model).read_window, [*key_arrays(shards), per_shard])
         groups, newest, read = coalesce(model, rows)
+        decode = self._decoder(model)
         message_at = len(model.shard_fields) + 4
         for group, row in newest.items():
             payload, date_added, scheduled_for = row[message_at:]
-            # Django reads jsonb as text and decodes it in the field; do the same here.
-            if isinstance(payload, str):
-                payload = _decode_json(payload)[0]
-            group.message = Message(group, payload, date_added, scheduled_for)
+            group.message = Message(group, decode(payload), date_added, scheduled_for)
         incomplete = {shard for shard, count in read.items() if count >= per_shard}
         return Window(groups, incomplete)
 
-    def settle(
-        self,
-        model: type[OutboxBase],
-        lease: Lease,
-        row_ids: Mapping[ShardKey, Sequence[int]],
-        failures: Sequence[FailedGroup],
-        release: Sequence[ShardKey],
-    ) -> tuple[int, set[ShardKey]]:
-        deleted, held = self._settle(model, lease, row_ids, failures, release)
-        lost = {key for key in row_ids if key not in held}
+    def _decoder(self, model: type[OutboxBase]) -> Callable[[Any], Any]:
+        # Django reads jsonb as text and leaves decoding to the field; so do we.
+        if model not in self._decoders:
+            self._decoders[model] = payload_decoder(model, connections[self.using])
+        return self._decoders[model]
+
+    def settle(self, model: type[OutboxBase], lease: Lease, settlement: Settlement) -> SettleResult:
+        if settlement.dead:
+            raise NotImplementedError("the PostgreSQL backend has no dead letters yet")
+        if not (settlement.delivered or settlement.failed or settlement.release):
+            return SettleResult()
+        deleted, held = self._settle(model, lease, settlement)
+        lost = frozenset(key for key in settlement.delivered if key not in held)
         if lost:
             # Some lease was lost, so nothing was deleted or released: settle the held
-            # shards again on their own.
-            still_held = {key: ids for key, ids in row_ids.items() if key not in lost}
-            release = [key for key in release if key not in lost]
-            deleted, _ = self._settle(model, lease, still_held, [], release)
-        return deleted, lost
+            # shards again on their own (failures were already recorded where held).
+            retry = Settlement(
+                delivered={k: ids for k, ids in settlement.delivered.items() if k not in lost},
+                release=[key for key in settlement.release if key not in lost],
+            )
+            deleted, _ = self._settle(model, lease, retry)
+        return SettleResult(deleted, lost)
 
     def _settle(
-        self,
-        model: type[OutboxBase],
-        lease: Lease,
-        row_ids: Mapping[ShardKey, Sequence[int]],
-        failures: Sequence[FailedGroup],
-        release: Sequence[ShardKey],
+        self, model: type[OutboxBase], lease: Lease, settlement: Settlement
     ) -> tuple[int, set[ShardKey]]:
-        failed_rows = [(i, delay, f.error) for f in failures for i, delay in f.row_delays.items()]
-        d_regions, d_scopes, d_identifiers = key_arrays(list(row_ids))
-        b_regions, b_scopes, b_identifiers = key_arrays([f.shard for f in failures])
-        r_regions, r_scopes, r_identifiers = key_arrays(release)
-        params = {
-            "label": model._meta.label_lower,
-            "token": lease.token,
-            "delivered": int_array([row_id for ids in row_ids.values() for row_id in ids]),
-            "delivered_shards": len(row_ids),
-            "d_regions": d_regions,
-            "d_scopes": d_scopes,
-            "d_identifiers": d_identifiers,
-            "failed": int_array([row[0] for row in failed_rows]),
-            "delays": [row[1] for row in failed_rows],
-            "errors": [row[2] for row in failed_rows],
-            "b_regions": b_regions,
-            "b_scopes": b_scopes,
-            "b_identifiers": b_identifiers,
-            "b_delays": [f.block_seconds for f in failures],
-            "r_regions": r_regions,
-            "r_scopes": r_scopes,
-            "r_identifiers": r_identifiers,
-        }
+        params = settle_params(model, lease, settlement)
         result = self._fetch(statements(model).settle, params)
         held = {ShardKey(*row[1:]) for row in result if row[1] is not None}
         return int(result[0][0]), held
 
-    def retire(
-        self, model: type[OutboxBase], lease: Lease, row_ids: Mapping[ShardKey, Sequence[int]]
-    ) -> tuple[int, set[ShardKey]]:
-        return self.settle(model, lease, row_ids, [], [])
-
-    def reschedule(
-        self, model: type[OutboxBase], lease: Lease, failures: Sequence[FailedGroup]
-    ) -> None:
-        self.settle(model, lease, {}, failures, [])
+    def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
+        params = {"label": model._meta.label_lower, "token": lease.token, "seconds": lease.seconds}
+        return {ShardKey(*row) for row in self._fetch(statements(model).renew, params)}
 
     def release(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
         if not shards:
@@ -221,3 +246,11 @@ class PostgresBackend(PortableBackend):
         }
         with connections[self.using].cursor() as cursor:
             cursor.execute(statements(model).release, params)
+
+
+def _append_commit(
+    execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+) -> Any:
+    if not many and sql.lstrip().upper().startswith("INSERT"):
+        sql = f"{sql}; COMMIT"
+    return execute(sql, params, many, context)

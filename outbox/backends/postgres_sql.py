@@ -20,12 +20,10 @@ KEY_TYPES = ("text", "integer", "bigint")
 class Statements:
     """The named statements for one outbox table."""
 
-    walk_due: str  # skip-scan the shards in key order, keep due ones without a live lease
-    keys_due: str  # of the given keys, the due ones without a live lease
-    claim_walk: str  # walk_due + claim, in one statement
+    claim_walk: str  # skip-scan the shards in key order, claim the due, free ones
     claim_walk_after: str  # the same, starting after a key (fairness across calls)
     claim_walk_until: str  # the same, from the start up to a key (the wrap-around)
-    claim_keys: str  # keys_due + claim, in one statement
+    claim_keys: str  # of the given keys, claim the due, free ones
     read_window: str  # the first rows of each claimed shard, payload only for the newest
     settle: str  # delete delivered rows, reschedule failed ones, back off, release
     renew: str  # extend a lease, returning the shards still held
@@ -200,7 +198,15 @@ class _Renderer:
         their own. Failed rows (few) are checked one by one.
         """
         return f"""
-            WITH held AS (
+            WITH {self.settle_held()}, {self.settle_rows()}, {self.settle_leases()}
+            SELECT (SELECT count(*) FROM gone), h."region_name", h."shard_scope",
+                h."shard_identifier"
+            FROM (SELECT 1) one LEFT JOIN held h ON TRUE"""
+
+    def settle_held(self) -> str:
+        """Our lease rows, locked, and whether every shard delivered to is among them."""
+        return f"""
+            held AS (
                 SELECT "id", "region_name", "shard_scope", "shard_identifier" FROM {self.lease}
                 WHERE "token" = %(token)s AND "outbox" = %(label)s
                 FOR UPDATE
@@ -211,7 +217,11 @@ class _Renderer:
                             %(d_identifiers)s::bigint[])
                     AS d(region_name, shard_scope, shard_identifier)
                 ON {self.same_lease("h", "d")}
-            ),
+            )"""
+
+    def settle_rows(self) -> str:
+        """Delete the delivered rows; record a failed attempt on the failed ones."""
+        return f"""
             gone AS (
                 DELETE FROM {self.table} o
                 WHERE o."id" = ANY(%(delivered)s::bigint[]) AND (SELECT yes FROM all_held)
@@ -228,7 +238,11 @@ class _Renderer:
                 WHERE o."id" = f.id
                   AND EXISTS (SELECT 1 FROM held h WHERE {self.same_shard("o", "h")})
                 RETURNING 1
-            ),
+            )"""
+
+    def settle_leases(self) -> str:
+        """Back failed shards off (no holder until then); release the finished ones."""
+        return f"""
             backed_off AS (
                 UPDATE {self.lease} l
                 SET "token" = NULL, "expires_at" = now() + b.delay * interval '1 second'
@@ -247,17 +261,11 @@ class _Renderer:
                     ON {self.same_lease("h", "r")}
                 WHERE l."id" = h."id" AND (SELECT yes FROM all_held)
                 RETURNING 1
-            )
-            SELECT (SELECT count(*) FROM gone), h."region_name", h."shard_scope",
-                h."shard_identifier"
-            FROM (SELECT 1) one LEFT JOIN held h ON TRUE"""
+            )"""
 
     def render(self) -> Statements:
         claim = self.claim()
-        select_due = "SELECT * FROM due"
         return Statements(
-            walk_due=f"WITH RECURSIVE {self.walk('')} {select_due}",
-            keys_due=f"WITH {self.given_keys()} {select_due}",
             claim_walk=f"WITH RECURSIVE {self.walk('')}, {claim}",
             claim_walk_after=f"WITH RECURSIVE {self.walk('after')}, {claim}",
             claim_walk_until=f"WITH RECURSIVE {self.walk('until')}, {claim}",

@@ -1,45 +1,19 @@
-"""The drain engine. Entry points (command, tasks, on_commit flush) all call into here."""
-
-from __future__ import annotations
-
-import threading
-from collections.abc import Mapping
+"""The drain engine. Entry points (command, tasks) run `DrainWorker`; the write path's
+flush hook is `flush_shards`; both deliver through the per-table `Drainer`."""
 
 from outbox.engine.drainer import Drainer
+from outbox.engine.flush import flush_shards
 from outbox.engine.stats import DrainStats
-from outbox.models import OutboxBase, outbox_models
-from outbox.shards import ShardKey
+from outbox.engine.worker import DrainOutcome, DrainWorker, StopRequest, drain_outboxes
+from outbox.models import outbox_models
 
-
-def drain_outboxes(
-    models: list[type[OutboxBase]] | None = None,
-    *,
-    using: str | None = None,
-    scopes: list[int] | None = None,
-    identifiers: list[int] | None = None,
-    deadline: float | None = None,
-    stop: threading.Event | None = None,
-) -> DrainStats:
-    """Drain every due shard of the given tables (all of them by default) once."""
-    stats = DrainStats()
-    for model in models or outbox_models():
-        drainer = Drainer(model, using, scopes=scopes, identifiers=identifiers, stop=stop)
-        result = drainer.drain(deadline=deadline)
-        stats.add(result)
-        stats.seconds += result.seconds
-    return stats
-
-
-def flush_shards(
-    using: str, bounds: Mapping[type[OutboxBase], Mapping[ShardKey, int | None]]
-) -> DrainStats:
-    """Synchronous flush after a commit: deliver the written shards up to their bounds."""
-    stats = DrainStats()
-    for model, shard_bounds in bounds.items():
-        result = Drainer(model, using).flush(shard_bounds)
-        stats.add(result)
-        stats.seconds += result.seconds
-    return stats
-
-
-__all__ = ["DrainStats", "Drainer", "drain_outboxes", "flush_shards", "outbox_models"]
+__all__ = [
+    "DrainOutcome",
+    "DrainStats",
+    "DrainWorker",
+    "Drainer",
+    "StopRequest",
+    "drain_outboxes",
+    "flush_shards",
+    "outbox_models",
+]

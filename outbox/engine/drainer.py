@@ -1,9 +1,10 @@
 """The drain engine: claim shards with a lease, deliver their groups, settle in batches.
 
 A batch is: claim due shards (committed), read a window of their rows, call receivers
-outside any transaction, then delete the delivered rows and reschedule the failed ones
-in one statement each, guarded by the lease. A shard stops at its first failing group,
-so its later groups keep waiting in order.
+outside any transaction, then settle the round (delete the delivered rows, reschedule
+the failed ones, release finished shards) in one statement on the fast path, guarded by
+the lease. A shard stops at its first failing group, so its later groups keep waiting
+in order. Every database operation goes through the backend (`outbox.backends.base`).
 """
 
 from __future__ import annotations
@@ -13,42 +14,26 @@ import os
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from django.db import connections, router
 
+import outbox.engine.delivery as delivery
 from outbox.backends import get_backend
-from outbox.backends.base import FailedGroup, Group, Lease, Window
+from outbox.backends.base import Group, Lease, Settlement, ShardFilter, Window
 from outbox.backends.errors import is_transient_lock_error
 from outbox.conf import outbox_settings
-from outbox.engine import delivery
-from outbox.engine.backoff import retry_delay
 from outbox.engine.keeper import Holding, LeaseKeeper
-from outbox.engine.stats import DrainStats
+from outbox.engine.stats import DrainStats, Round
 from outbox.exceptions import DrainInTransaction, NoReceiver
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
 logger = logging.getLogger("outbox.engine")
 
-_ERROR_LIMIT = 4000
 _T = TypeVar("_T")
-
-
-@dataclass
-class _Round:
-    """What one window's delivery did, settled even if a receiver interrupts it."""
-
-    delivered: dict[ShardKey, list[int]] = field(default_factory=dict)
-    failures: list[FailedGroup] = field(default_factory=list)
-    lost: set[ShardKey] = field(default_factory=set)
-    receiver_calls: int = 0
-    groups_delivered: int = 0
-    retired_inline: int = 0
 
 
 class Drainer:
@@ -79,10 +64,9 @@ class Drainer:
         started = time.monotonic()
         idle_rounds = 0
         while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            lease = self._claim_next_batch()
+            lease = self._claim(self._new_lease(), int(outbox_settings.BATCH_SHARDS))
             if not lease.shards:
                 break
-            self._cursor = lease.shards[-1]
             batch = self._work(lease, bounds=None)
             stats.add(batch)
             # A batch whose shards all came back empty (drained by someone else a moment
@@ -93,20 +77,6 @@ class Drainer:
                 break
         stats.seconds = time.monotonic() - started
         return stats
-
-    def _claim_next_batch(self) -> Lease:
-        lease = self._new_lease()
-        self._retrying(
-            lambda: self.backend.claim_due(
-                self.model,
-                lease,
-                int(outbox_settings.BATCH_SHARDS),
-                scopes=self.scopes,
-                identifiers=self.identifiers,
-                after=self._cursor,
-            )
-        )
-        return lease
 
     def drain_shards(self, shards: Sequence[ShardKey]) -> DrainStats:
         """Drain these shards completely, where they are due and nobody holds them.
@@ -122,11 +92,36 @@ class Drainer:
         """
         self._refuse_open_transaction()
         started = time.monotonic()
-        lease = self._new_lease()
-        self.backend.claim_due(self.model, lease, len(bounds), within=list(bounds))
+        lease = self._claim(self._new_lease(), len(bounds), shards=tuple(bounds))
         stats = self._work(lease, bounds=bounds)
         stats.seconds = time.monotonic() - started
         return stats
+
+    def reserve(self, limit: int, holder: str) -> Lease:
+        """Claim up to `limit` due, free shards under a new lease held by `holder`, for a
+        scheduler to hand out; committed on return. The caller passes `lease.token` and
+        `lease.shards` on, and the worker that drains them calls `unreserve` first."""
+        self._refuse_open_transaction()
+        return self._claim(Lease(uuid.uuid4().hex, holder, self._lease_seconds()), limit)
+
+    def unreserve(self, token: str, shards: Sequence[ShardKey]) -> None:
+        """Release `shards` where the reservation `token` still holds them."""
+        lease = Lease(token, self.holder, self._lease_seconds(), list(shards))
+        self._retrying(lambda: self.backend.release(self.model, lease, lease.shards))
+
+    def _claim(self, lease: Lease, limit: int, shards: tuple[ShardKey, ...] | None = None) -> Lease:
+        """Claim up to `limit` shards (of `shards`, if given) passing this drainer's
+        filters; the next claim resumes after the last shard won."""
+        where = ShardFilter(
+            shards=shards,
+            scopes=tuple(self.scopes) if self.scopes else None,
+            identifiers=tuple(self.identifiers) if self.identifiers else None,
+            after=self._cursor if shards is None else None,
+        )
+        self._retrying(lambda: self.backend.claim(self.model, lease, where, limit))
+        if shards is None and lease.shards:
+            self._cursor = lease.shards[-1]
+        return lease
 
     def _refuse_open_transaction(self) -> None:
         if connections[self.using].in_atomic_block:
@@ -136,7 +131,11 @@ class Drainer:
             )
 
     def _new_lease(self) -> Lease:
-        return Lease(uuid.uuid4().hex, self.holder, float(outbox_settings.LEASE_SECONDS))
+        return Lease(uuid.uuid4().hex, self.holder, self._lease_seconds())
+
+    @staticmethod
+    def _lease_seconds() -> float:
+        return float(outbox_settings.LEASE_SECONDS)
 
     def _work(self, lease: Lease, bounds: Mapping[ShardKey, int | None] | None) -> DrainStats:
         """Deliver the claimed shards window by window; release each once it is done."""
@@ -151,7 +150,7 @@ class Drainer:
             while active and not self.stop.is_set():
                 window = self.backend.read_window(self.model, active, self._window_rows())
                 reached = _cut_at_bounds(window, bounds) if bounds else set()
-                round_ = _Round()
+                round_ = Round()
                 try:
                     self._deliver(window, holding, round_)
                 finally:
@@ -183,7 +182,7 @@ class Drainer:
             # The leases expire by themselves; the error that brought us here matters more.
             logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
 
-    def _deliver(self, window: Window, holding: Holding, round_: _Round) -> None:
+    def _deliver(self, window: Window, holding: Holding, round_: Round) -> None:
         for shard, groups in window.shards.items():
             for group in groups:
                 if self.stop.is_set():
@@ -208,7 +207,7 @@ class Drainer:
         holding.renewed_at = time.monotonic()
         holding.lost.update(key for key in holding.lease.shards if key not in held)
 
-    def _deliver_group(self, group: Group, holding: Holding, round_: _Round) -> bool:
+    def _deliver_group(self, group: Group, holding: Holding, round_: Round) -> bool:
         """Deliver one group; False when its shard must stop here."""
         lease = holding.lease
         holding.receiver_started = time.monotonic()
@@ -224,11 +223,11 @@ class Drainer:
             round_.lost.add(group.shard)
             return False
         except NoReceiver as exc:
-            round_.failures.append(self._failure(group, exc))
+            round_.failures.append(delivery.failure(self.model, group, exc))
             return False
         except Exception as exc:
             round_.receiver_calls += 1
-            round_.failures.append(self._failure(group, exc))
+            round_.failures.append(delivery.failure(self.model, group, exc))
             return False
         finally:
             holding.receiver_started = None
@@ -239,42 +238,18 @@ class Drainer:
         return True
 
     def _retire_now(
-        self, lease: Lease, row_ids: dict[ShardKey, list[int]], round_: _Round
+        self, lease: Lease, row_ids: dict[ShardKey, list[int]], round_: Round
     ) -> set[ShardKey]:
-        deleted, lost = self.backend.retire(self.model, lease, row_ids)
-        if not lost:
-            round_.retired_inline += deleted
-        return lost
+        """Delete a group's rows inside its transactional receiver's transaction."""
+        settled = self.backend.settle(self.model, lease, Settlement(delivered=row_ids))
+        if not settled.lost:
+            round_.retired_inline += settled.deleted
+        return set(settled.lost)
 
-    def _failure(self, group: Group, exc: Exception) -> FailedGroup:
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:_ERROR_LIMIT]
-        delays = {
-            row_id: retry_delay(attempts + 1)
-            for row_id, attempts in zip(group.row_ids, group.attempts, strict=True)
-        }
-        logger.warning(
-            "outbox receiver failed for shard %s category %s object %s: %s",
-            group.shard,
-            group.category,
-            group.object_identifier,
-            error,
-            extra={
-                "event": "outbox.delivery_failed",
-                "outbox": self.model._meta.label,
-                "shard": str(group.shard),
-                "category": group.category,
-                "attempts": group.attempts[0] + 1,
-            },
-        )
-        return FailedGroup(group.shard, delays, error, delays[group.row_ids[0]])
-
-    def _settle(
-        self, lease: Lease, round_: _Round, done: list[ShardKey], stats: DrainStats
-    ) -> None:
-        deleted, lost = self._retrying(
-            lambda: self.backend.settle(self.model, lease, round_.delivered, round_.failures, done)
-        )
-        for key in lost:
+    def _settle(self, lease: Lease, round_: Round, done: list[ShardKey], stats: DrainStats) -> None:
+        settlement = Settlement(delivered=round_.delivered, failed=round_.failures, release=done)
+        settled = self._retrying(lambda: self.backend.settle(self.model, lease, settlement))
+        for key in settled.lost:
             logger.warning(
                 "outbox lease lost on shard %s before its delete; it will be redelivered",
                 key,
@@ -284,13 +259,8 @@ class Drainer:
                     "shard": str(key),
                 },
             )
-        round_.lost.update(lost)
-        stats.receiver_calls += round_.receiver_calls
-        stats.groups_delivered += round_.groups_delivered
-        stats.rows_retired += deleted + round_.retired_inline
-        stats.failures += len(round_.failures)
-        stats.leases_lost += len(round_.lost)
-        stats.failed_shards.extend(str(failure.shard) for failure in round_.failures)
+        round_.lost.update(settled.lost)
+        round_.add_to(stats, settled.deleted)
 
     @staticmethod
     def _retrying(operation: Callable[[], _T]) -> _T:

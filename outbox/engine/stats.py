@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from outbox.backends.base import FailedGroup
+from outbox.shards import ShardKey
+
 
 @dataclass
 class DrainStats:
@@ -35,3 +38,24 @@ class DrainStats:
             f"failures {self.failures}, leases lost {self.leases_lost}, "
             f"{self.seconds:.2f}s"
         )
+
+
+@dataclass
+class Round:
+    """What one window's delivery did; settled even if a receiver interrupts it."""
+
+    delivered: dict[ShardKey, list[int]] = field(default_factory=dict)
+    failures: list[FailedGroup] = field(default_factory=list)
+    lost: set[ShardKey] = field(default_factory=set)
+    receiver_calls: int = 0
+    groups_delivered: int = 0
+    retired_inline: int = 0
+
+    def add_to(self, stats: DrainStats, deleted: int) -> None:
+        """Count this round, whose settlement deleted `deleted` rows, into `stats`."""
+        stats.receiver_calls += self.receiver_calls
+        stats.groups_delivered += self.groups_delivered
+        stats.rows_retired += deleted + self.retired_inline
+        stats.failures += len(self.failures)
+        stats.leases_lost += len(self.lost)
+        stats.failed_shards.extend(str(failure.shard) for failure in self.failures)

@@ -7,6 +7,11 @@ Wire it into the project's Celery app::
     app.autodiscover_tasks()
     add_beat_schedule(app)  # registers the tasks, schedules `schedule_drains`
 
+(`register_tasks(app)` registers the tasks without the beat entry.) Task names come
+from OUTBOX_CELERY_SCHEDULE_TASK / OUTBOX_CELERY_DRAIN_TASK when the tasks are
+registered, the time limit from OUTBOX_CELERY_TIME_LIMIT_SECONDS when a drain is sent:
+nothing is read from the settings when this module is imported.
+
 `schedule_drains` (beat, every OUTBOX_CELERY_SCHEDULE_SECONDS) reserves due shards and
 sends them out in `drain` tasks of OUTBOX_TASK_SHARDS shards each (see
 `outbox.integrations.dispatch`). A `drain` task runs until its shards are done or its
@@ -14,8 +19,9 @@ OUTBOX_TASK_SECONDS budget is spent. With OUTBOX_PROMPT_DRAIN set to
 ``"outbox.integrations.celery.prompt_drain"``, a commit that left rows to the drain
 sends a `drain` of its shards right away.
 
-Warm shutdown (SIGTERM to the worker): every drain of the worker, in its pool processes
-too, claims nothing new, finishes the receiver in flight, settles and releases its
+Warm shutdown (SIGTERM to the worker) is translated into `DrainWorker.stop_all()`: in
+the worker's main process, and through STOP_SIGNAL in its pool processes. Every drain
+then claims nothing new, finishes the receiver in flight, settles and releases its
 leases, so other workers continue at once. A receiver still running after
 OUTBOX_GRACEFUL_TIMEOUT_SECONDS is left behind; its lease expires.
 
@@ -32,11 +38,11 @@ import signal
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from celery import Celery, shared_task
+from celery import Celery, current_app
 from celery import signals as celery_signals
+from celery.local import Proxy
 
 from outbox.conf import outbox_settings
-from outbox.integrations import graceful
 
 if TYPE_CHECKING:
     from outbox.integrations.dispatch import DrainOrder
@@ -68,23 +74,34 @@ def drain(
     reservation: str | None = None,
 ) -> dict[str, Any]:
     """Drain the given shards of one table (a `DrainOrder` as task arguments)."""
-    from outbox.integrations.dispatch import DrainOrder, run_order, stats_summary
+    from outbox.integrations.dispatch import DrainOrder, order_worker, task_result
 
     order = DrainOrder.from_args(table, using, shards, reservation)
-    outcome = graceful.run_gracefully(lambda stop: run_order(order, stop), name="outbox-drain")
-    if not outcome.finished or outcome.result is None:
-        return {"abandoned": True}
-    return stats_summary(outcome.result)
+    return task_result(order_worker(order).run())
 
 
-schedule_drains_task = shared_task(name=outbox_settings.CELERY_SCHEDULE_TASK, ignore_result=True)(
-    schedule_drains
-)
-drain_task = shared_task(
-    name=outbox_settings.CELERY_DRAIN_TASK,
-    ignore_result=True,
-    time_limit=outbox_settings.CELERY_TIME_LIMIT_SECONDS,
-)(drain)
+def register_tasks(app: Celery) -> None:
+    """Register `schedule_drains` and `drain` on the app under their configured names
+    (again: a no-op)."""
+    for name, function in (
+        (str(outbox_settings.CELERY_SCHEDULE_TASK), schedule_drains),
+        (str(outbox_settings.CELERY_DRAIN_TASK), drain),
+    ):
+        # Not `shared`: that would add a finalizer for every app per call, process-wide.
+        app.task(name=name, ignore_result=True, shared=False)(function)
+
+
+def _registered(setting: str) -> Any:
+    """The task of the current app registered under the name in `setting`."""
+    name = str(getattr(outbox_settings, setting))
+    if name not in current_app.tasks:
+        register_tasks(current_app)
+    return current_app.tasks[name]
+
+
+# The tasks of the current Celery app, resolved when first used, not at import.
+schedule_drains_task: Any = Proxy(lambda: _registered("CELERY_SCHEDULE_TASK"))
+drain_task: Any = Proxy(lambda: _registered("CELERY_DRAIN_TASK"))
 
 
 def send(order: DrainOrder) -> None:
@@ -94,6 +111,7 @@ def send(order: DrainOrder) -> None:
         args=order.as_args(),
         queue=outbox_settings.CELERY_QUEUE,
         expires=float(outbox_settings.LEASE_SECONDS),
+        time_limit=float(outbox_settings.CELERY_TIME_LIMIT_SECONDS),
     )
 
 
@@ -111,47 +129,54 @@ def beat_schedule_entry() -> dict[str, Any]:
     options: dict[str, Any] = {"expires": interval}
     if outbox_settings.CELERY_QUEUE:
         options["queue"] = outbox_settings.CELERY_QUEUE
-    return {"task": schedule_drains_task.name, "schedule": interval, "options": options}
+    task = str(outbox_settings.CELERY_SCHEDULE_TASK)
+    return {"task": task, "schedule": interval, "options": options}
 
 
 def add_beat_schedule(app: Celery, name: str = BEAT_ENTRY_NAME) -> None:
-    """Add the `schedule_drains` entry to the app's beat schedule (keeping the others)."""
+    """Register the tasks on the app and add the `schedule_drains` entry to its beat
+    schedule (keeping the others)."""
+    register_tasks(app)
     app.conf.beat_schedule = {**(app.conf.beat_schedule or {}), name: beat_schedule_entry()}
 
 
 # Warm shutdown. The worker's main process gets the signal; drains run in its pool
 # processes (prefork) or in its own threads (threads, solo pools).
 
-_workers: list[Any] = []
+
+def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
+    """In the worker's main process: on warm shutdown, stop the drains of this process
+    and signal the pool processes to stop theirs. (Django is set up by now.)"""
+    from outbox.engine.worker import DrainWorker
+
+    worker = sender
+
+    def stop_drains(**kwargs: Any) -> None:  # runs inside Celery's signal handler
+        DrainWorker.stop_all()
+        for pid in _pool_processes(worker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, STOP_SIGNAL)
+
+    celery_signals.worker_shutting_down.connect(
+        stop_drains, weak=False, dispatch_uid="outbox.stop_drains"
+    )
 
 
-def _remember_worker(sender: Any = None, **kwargs: Any) -> None:
-    _workers[:] = [sender]
+def _on_pool_process_init(**kwargs: Any) -> None:
+    from outbox.engine.worker import DrainWorker
+
+    DrainWorker.stop_all_on(STOP_SIGNAL)
 
 
-def _stop_on_signal_in_pool_process(**kwargs: Any) -> None:
-    signal.signal(STOP_SIGNAL, lambda signum, frame: graceful.request_shutdown())
-
-
-def _stop_drains_on_shutdown(**kwargs: Any) -> None:
-    graceful.request_shutdown()
-    for pid in _pool_processes():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, STOP_SIGNAL)
-
-
-def _pool_processes() -> list[int]:
+def _pool_processes(worker: Any) -> list[int]:
     try:
-        processes = _workers[0].pool.info.get("processes", [])
-    except Exception:  # no worker, or a pool without processes
+        processes = worker.pool.info.get("processes", [])
+    except Exception:  # no pool yet, or a pool without processes
         return []
     return [pid for pid in processes if isinstance(pid, int) and pid != os.getpid()]
 
 
-celery_signals.worker_init.connect(_remember_worker, dispatch_uid="outbox.remember_worker")
+celery_signals.worker_init.connect(_on_worker_init, dispatch_uid="outbox.remember_worker")
 celery_signals.worker_process_init.connect(
-    _stop_on_signal_in_pool_process, dispatch_uid="outbox.stop_on_signal"
-)
-celery_signals.worker_shutting_down.connect(
-    _stop_drains_on_shutdown, dispatch_uid="outbox.stop_drains"
+    _on_pool_process_init, dispatch_uid="outbox.stop_on_signal"
 )

@@ -6,11 +6,11 @@ does not hand them out again, and splits them into orders of OUTBOX_TASK_SHARDS 
 Tables are interleaved, so a backlog in one never queues ahead of all the others, and
 each table keeps at most OUTBOX_CELERY_MAX_TASKS orders' worth of shards in flight.
 
-`run_order()` is the drain task: it gives the reservation back and drains the shards
-itself, the engine claiming each one exclusively, so a shard whose lease is live is
-never worked on by a second worker. A reservation that no task picks up (a lost
+`order_worker()` is the drain task's worker: it gives the reservation back and drains
+the shards itself, the engine claiming each one exclusively, so a shard whose lease is
+live is never worked on by a second worker. A reservation that no task picks up (a lost
 message, a task that expired in the queue) simply expires, and a later tick hands the
-shard out again.
+shard out again. How a task runs, stops and shuts down is `DrainWorker`'s business.
 
 Orders travel through the broker as plain JSON (`DrainOrder.as_args`).
 """
@@ -20,20 +20,15 @@ from __future__ import annotations
 import itertools
 import os
 import socket
-import threading
-import time
-import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.apps import apps
-from django.db.models.functions import Now
 
-from outbox.backends.base import Lease
 from outbox.conf import outbox_settings
-from outbox.engine import Drainer, DrainStats, drain_outboxes, outbox_models
-from outbox.models import OutboxBase, ShardLease
+from outbox.engine import Drainer, DrainOutcome, DrainStats, DrainWorker
+from outbox.models import OutboxBase, ShardLease, outbox_models
 from outbox.shards import ShardKey
 
 
@@ -56,6 +51,12 @@ class DrainOrder:
         keys = [ShardKey(str(region), int(scope), int(ident)) for region, scope, ident in shards]
         return cls(table, using, keys, reservation)
 
+    def model(self) -> type[OutboxBase]:
+        model = apps.get_model(self.table)
+        if not issubclass(model, OutboxBase):
+            raise TypeError(f"{self.table} is not an outbox table")
+        return model
+
 
 def plan_drains(models: Sequence[type[OutboxBase]] | None = None) -> list[DrainOrder]:
     """Reserve due shards of every table and split them into drain orders."""
@@ -71,11 +72,7 @@ def _plan_table(model: type[OutboxBase]) -> list[DrainOrder]:
     room = int(outbox_settings.CELERY_MAX_TASKS) * per_task - shards_in_flight(model, drainer.using)
     if room <= 0:
         return []
-    due = drainer.backend.find_due_shards(model, room)
-    if not due:
-        return []
-    reservation = Lease(uuid.uuid4().hex, _reserver(), float(outbox_settings.LEASE_SECONDS))
-    drainer.backend.claim(model, due, reservation)
+    reservation = drainer.reserve(room, _reserver())
     reserved = reservation.shards
     return [
         DrainOrder(model._meta.label, drainer.using, reserved[i : i + per_task], reservation.token)
@@ -85,12 +82,7 @@ def _plan_table(model: type[OutboxBase]) -> list[DrainOrder]:
 
 def shards_in_flight(model: type[OutboxBase], using: str) -> int:
     """Shards of the table with a live lease: queued for a task, or being drained."""
-    leases = ShardLease._default_manager.using(using)
-    return int(
-        leases.filter(
-            outbox=model._meta.label_lower, token__isnull=False, expires_at__gt=Now()
-        ).count()
-    )
+    return int(ShardLease.objects.using(using).of(model).held().count())
 
 
 def prompt_orders(
@@ -106,30 +98,32 @@ def prompt_orders(
     return orders
 
 
-def run_order(order: DrainOrder, stop: threading.Event) -> DrainStats:
-    """Drain the order's shards until done, stopped, or out of OUTBOX_TASK_SECONDS."""
-    model = apps.get_model(order.table)
-    if not issubclass(model, OutboxBase):
-        raise TypeError(f"{order.table} is not an outbox table")
-    drainer = Drainer(model, order.using, stop=stop)
-    if order.reservation:
-        reservation = Lease(order.reservation, _reserver(), 0.0, list(order.shards))
-        drainer.backend.release(model, reservation, order.shards)
-    if stop.is_set():  # the worker is shutting down: claim nothing
-        return DrainStats()
-    budget = threading.Timer(float(outbox_settings.TASK_SECONDS), stop.set)
-    budget.daemon = True
-    budget.start()
-    try:
-        return drainer.drain_shards(order.shards)
-    finally:
-        budget.cancel()
+def order_worker(order: DrainOrder) -> DrainWorker:
+    """The worker of a drain task: the order's shards, within OUTBOX_TASK_SECONDS."""
+    return DrainWorker(
+        [order.model()],
+        using=order.using,
+        shards=order.shards,
+        reservation=order.reservation,
+        max_seconds=float(outbox_settings.TASK_SECONDS),
+    )
 
 
-def drain_all(stop: threading.Event) -> DrainStats:
-    """Drain every due shard of every table, within OUTBOX_TASK_SECONDS."""
-    deadline = time.monotonic() + float(outbox_settings.TASK_SECONDS)
-    return drain_outboxes(deadline=deadline, stop=stop)
+def all_tables_worker() -> DrainWorker:
+    """The worker of a drain-everything task: every table, within OUTBOX_TASK_SECONDS."""
+    return DrainWorker(max_seconds=float(outbox_settings.TASK_SECONDS))
+
+
+def run_order(order: DrainOrder) -> DrainStats:
+    """Drain an order here and now (no signal handling): for tests and scripts."""
+    return order_worker(order).run().stats
+
+
+def task_result(outcome: DrainOutcome) -> dict[str, Any]:
+    """A drain task's JSON-friendly result."""
+    if outcome.abandoned:
+        return {"abandoned": True}
+    return stats_summary(outcome.stats)
 
 
 def stats_summary(stats: DrainStats) -> dict[str, Any]:

@@ -80,8 +80,14 @@ class OutboxBase(models.Model):
     object_identifier = models.BigIntegerField()
     payload = models.JSONField(null=True, blank=True)
     # Times come from the database clock, so app servers with skewed clocks agree.
-    scheduled_from = models.DateTimeField(db_default=Now())
-    scheduled_for = models.DateTimeField(db_default=Now())
+    scheduled_from = models.DateTimeField(
+        db_default=Now(),
+        help_text="When the current schedule was set: the write, or the last failed "
+        "attempt. Until scheduled_for, the row waits out this back-off.",
+    )
+    scheduled_for = models.DateTimeField(
+        db_default=Now(), help_text="When the row is due (its shard may then be drained)."
+    )
     date_added = models.DateTimeField(db_default=Now(), editable=False)
     # Delivery state, written by the engine when a receiver fails.
     attempts = models.PositiveIntegerField(default=0)

@@ -62,22 +62,7 @@ def outbox_context(
     outermost transaction (see `outbox.writes.deferred`); otherwise every save INSERTs
     at once, as `Model.save` does.
     """
-    outer = _current.get()
-    if flush is None:
-        flush = outer.flush if outer is not None else True
-    has_transaction = transaction is not None or (outer is not None and outer.has_transaction)
-    if flush and not has_transaction:
-        raise OutboxError(
-            "outbox_context(flush=True) needs a transaction: pass "
-            "transaction.atomic(using=...) or flush=False."
-        )
-    frame = _Frame(
-        flush,
-        has_transaction,
-        outer.pending if outer is not None else {},
-        outer.prompt if outer is not None else {},
-        outer.held if outer is not None else {},
-    )
+    frame = _new_frame(_current.get(), transaction, flush)
     if defer is None:
         defer = outbox_settings.DEFER_WRITES
     owned = owned_database(transaction, defer)
@@ -101,6 +86,25 @@ def outbox_context(
             held.discard()
             frame.held.pop(held.using, None)
         _current.reset(token)
+
+
+def _new_frame(outer: _Frame | None, transaction: Atomic | None, flush: bool | None) -> _Frame:
+    """A frame inside `outer` (if any), sharing its pending work."""
+    if flush is None:
+        flush = outer.flush if outer is not None else True
+    has_transaction = transaction is not None or (outer is not None and outer.has_transaction)
+    if flush and not has_transaction:
+        raise OutboxError(
+            "outbox_context(flush=True) needs a transaction: pass "
+            "transaction.atomic(using=...) or flush=False."
+        )
+    return _Frame(
+        flush,
+        has_transaction,
+        outer.pending if outer is not None else {},
+        outer.prompt if outer is not None else {},
+        outer.held if outer is not None else {},
+    )
 
 
 def hold(rows: Sequence[OutboxBase], payloads: Sequence[str], using: str, *, saved: bool) -> bool:

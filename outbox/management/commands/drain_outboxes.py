@@ -1,33 +1,25 @@
 """`manage.py drain_outboxes`: drain what is due once, or keep draining with --loop.
 
 Exit status: 0 when every claimed shard was delivered; 3 when at least one receiver
-failed (its rows are rescheduled with back-off and kept); 4 when a stop signal's
-graceful timeout passed with a receiver still running (its shard's lease expires).
-
-SIGTERM/SIGINT stop it gracefully (`outbox.integrations.graceful`); a second one stops
-it at once.
+failed (its rows are rescheduled with back-off and kept); 4 when the drain stopped with
+a receiver still running, past the graceful timeout or at a second signal (its shard's
+lease expires). SIGTERM/SIGINT stop it gracefully, a second one at once
+(`outbox.engine.worker.DrainWorker`). It refuses to run inside an open transaction.
 """
 
 from __future__ import annotations
 
-import logging
-import signal
-import threading
-import time
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import InterfaceError, OperationalError, connections
 
 from outbox.categories import registry
 from outbox.conf import outbox_settings
-from outbox.engine import DrainStats, drain_outboxes, outbox_models
-from outbox.exceptions import InvalidOutboxMessage
-from outbox.integrations import graceful
+from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
+from outbox.exceptions import DrainInTransaction, InvalidOutboxMessage
 from outbox.models import OutboxBase
-
-logger = logging.getLogger("outbox.engine")
 
 FAILED_EXIT_STATUS = 3
 ABANDONED_EXIT_STATUS = 4
@@ -70,28 +62,28 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        tables = [self._table(label) for label in options["table"]] or outbox_models()
+        worker = DrainWorker(
+            [self._table(label) for label in options["table"]],
+            using=self._database(options["database"]),
+            scopes=self._scopes(options["scope"]),
+            identifiers=options["shard"] or None,
+            loop=options["loop"],
+            max_seconds=options["max_seconds"],
+            progress_every=options["progress_every"],
+            on_progress=self._progress,
+            on_stop=self._stopping,
+        )
         try:
-            scopes = [int(registry.scope_by_name(name)) for name in options["scope"]]
-        except InvalidOutboxMessage as exc:
+            with worker.handling_signals():
+                outcome = worker.run()
+        except DrainInTransaction as exc:
             raise CommandError(str(exc)) from exc
-        previous = self._stop_on_signals()
-        try:
-            outcome = graceful.run_gracefully(
-                lambda stop: self._drain(tables, scopes, stop, options), name="outbox-drain"
-            )
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            if previous:  # this command took the process's signals, and so its stop
-                graceful.reset()
-        if not outcome.finished or outcome.result is None:
-            raise CommandError(
-                "stopped with a receiver still running past the graceful timeout; "
-                "its shard's lease will expire",
-                returncode=ABANDONED_EXIT_STATUS,
-            )
-        total = outcome.result
+        self._finish(outcome)
+
+    def _finish(self, outcome: DrainOutcome) -> None:
+        if outcome.abandoned:
+            raise CommandError(_abandoned(outcome.stop), returncode=ABANDONED_EXIT_STATUS)
+        total = outcome.stats
         self.stdout.write(f"drain_outboxes: {total.summary()}")
         if total.failures:
             raise CommandError(
@@ -99,61 +91,6 @@ class Command(BaseCommand):
                 f"{', '.join(sorted(set(total.failed_shards))[:20])}; rows kept for retry.",
                 returncode=FAILED_EXIT_STATUS,
             )
-
-    def _drain(
-        self,
-        tables: list[type[OutboxBase]],
-        scopes: list[int],
-        stop: threading.Event,
-        options: dict[str, Any],
-    ) -> DrainStats:
-        started = time.monotonic()
-        deadline = started + options["max_seconds"] if options["max_seconds"] else None
-        every = options["progress_every"]
-        total = DrainStats()
-        while True:
-            # Drain in slices no longer than the progress interval.
-            slice_end = time.monotonic() + every if every else None
-            if deadline is not None:
-                slice_end = min(slice_end or deadline, deadline)
-            try:
-                stats = drain_outboxes(
-                    tables,
-                    using=options["database"],
-                    scopes=scopes or None,
-                    identifiers=options["shard"] or None,
-                    deadline=slice_end,
-                    stop=stop,
-                )
-            except (OperationalError, InterfaceError):
-                if not options["loop"]:
-                    raise
-                self._reconnect_after_error()
-                stats = DrainStats()
-            total.add(stats)
-            now = time.monotonic()
-            cut_short = slice_end is not None and now >= slice_end and stats.shards > 0
-            if every and cut_short:
-                self._progress(total, now - started)
-            if stop.is_set() or (deadline is not None and now >= deadline):
-                break
-            if not cut_short and not options["loop"]:
-                break
-            if not stats.shards:
-                stop.wait(float(outbox_settings.LOOP_INTERVAL_SECONDS))
-        total.seconds = time.monotonic() - started
-        return total
-
-    def _reconnect_after_error(self) -> None:
-        """A lost connection (server restart, connection killed, network) must not end a
-        long-running drain: drop this thread's connections, so the next round opens new
-        ones. Leases of the interrupted batch expire by themselves."""
-        logger.warning(
-            "outbox drain lost its database connection; reconnecting",
-            exc_info=True,
-            extra={"event": "outbox.drain_reconnect"},
-        )
-        connections.close_all()
 
     def _table(self, label: str) -> type[OutboxBase]:
         try:
@@ -164,6 +101,19 @@ class Command(BaseCommand):
             raise CommandError(f"{label} is not an outbox table.")
         return model
 
+    def _scopes(self, names: list[str]) -> list[int] | None:
+        try:
+            return [int(registry.scope_by_name(name)) for name in names] or None
+        except InvalidOutboxMessage as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _database(self, alias: str | None) -> str | None:
+        if alias is not None and alias not in settings.DATABASES:
+            raise CommandError(
+                f"Unknown database {alias!r} (DATABASES has {list(settings.DATABASES)})."
+            )
+        return alias
+
     def _progress(self, total: DrainStats, elapsed: float) -> None:
         rate = total.rows_retired / elapsed if elapsed else 0.0
         self.stdout.write(
@@ -171,23 +121,19 @@ class Command(BaseCommand):
             f"{total.failures} failures after {elapsed:.0f}s ({rate:.0f} rows/s)"
         )
 
-    def _stop_on_signals(self) -> dict[int, Any]:
-        """SIGTERM/SIGINT: claim nothing new, let the receiver in flight finish within
-        OUTBOX_GRACEFUL_TIMEOUT_SECONDS, release the other leases; a second signal stops
-        at once. Returns the handlers it replaced, to be put back.
-        """
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-
-        def request_stop(signum: int, frame: Any) -> None:
-            again = graceful.shutdown_requested()
+    def _stopping(self, request: StopRequest) -> None:
+        cause = f"signal {request.signum}" if request.signum else "stop requested"
+        if request.forced:
             self.stderr.write(
-                f"drain_outboxes: signal {signum}, "
-                + ("stopping now" if again else "stopping after the current receiver")
+                f"drain_outboxes: {cause} again after {request.elapsed:.1f}s, stopping now"
             )
-            graceful.request_shutdown(force=again)
+        else:
+            self.stderr.write(f"drain_outboxes: {cause}, stopping after the current receiver")
 
-        return {
-            signum: signal.signal(signum, request_stop)
-            for signum in (signal.SIGTERM, signal.SIGINT)
-        }
+
+def _abandoned(stop: StopRequest | None) -> str:
+    if stop is not None and stop.forced:
+        why = f"at a second stop request {stop.elapsed:.1f}s after the first"
+    else:
+        why = f"past the graceful timeout ({outbox_settings.GRACEFUL_TIMEOUT_SECONDS}s)"
+    return f"stopped {why} with a receiver still running; its shard's lease will expire"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from outbox.engine import outbox_models
+from outbox.models import outbox_models
 from outbox.status import table_status
 
 
@@ -19,6 +20,11 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=None, help="Database alias to inspect.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        alias = options["database"]
+        if alias is not None and alias not in settings.DATABASES:
+            raise CommandError(
+                f"Unknown database {alias!r} (DATABASES has {list(settings.DATABASES)})."
+            )
         tables = [table_status(model, options["database"]) for model in outbox_models()]
         if options["json"]:
             self.stdout.write(json.dumps(tables, indent=2))
@@ -30,7 +36,8 @@ class Command(BaseCommand):
                 f"(max attempts {table['max_attempts']}), "
                 f"oldest {table['oldest_age_seconds']:.0f}s, "
                 f"{table['leased_shards']} shards leased, "
-                f"{table['backing_off_shards']} backing off"
+                f"{table['backing_off_shards']} backing off, "
+                f"{table['expired_shards']} expired"
             )
             for scope in table["scopes"]:
                 self.stdout.write(

@@ -1,0 +1,51 @@
+"""Coalescing rows into groups: pure Python, shared by every backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from outbox.backends.base import Group
+from outbox.models import OutboxBase
+from outbox.shards import ShardKey
+
+Coalesced = tuple[dict[ShardKey, list[Group]], dict[Group, Sequence[Any]], dict[ShardKey, int]]
+
+
+def coalesce(model: type[OutboxBase], rows: Sequence[Sequence[Any]]) -> Coalesced:
+    """Group rows read in id order (within each shard) into coalescing groups.
+
+    Each row is the `shard_fields` values, then id, category, object_identifier and
+    attempts, then whatever else the caller read. Returns the groups per shard (in order
+    of their oldest row), each group's newest row, and the number of rows per shard.
+    This loop runs once per row read, so it is kept tight.
+    """
+    width = len(model.shard_fields)
+    groups: dict[ShardKey, list[Group]] = {}
+    newest: dict[Group, Sequence[Any]] = {}
+    read: dict[ShardKey, int] = {}
+    per_shard: dict[tuple[Any, ...], tuple[ShardKey, list[Group], dict[tuple[int, int], Group]]]
+    per_shard = {}
+    last_raw: tuple[Any, ...] = ()
+    shard = ShardKey("", 0, 0)
+    shard_groups: list[Group] = []
+    by_object: dict[tuple[int, int], Group] = {}
+    for row in rows:
+        raw = tuple(row[:width])
+        if raw != last_raw:  # rows of one shard usually come together
+            last_raw = raw
+            if raw not in per_shard:
+                key = model.shard_key_of(raw)
+                per_shard[raw] = (key, groups.setdefault(key, []), {})
+                read[key] = 0
+            shard, shard_groups, by_object = per_shard[raw]
+        read[shard] += 1
+        object_key = (row[width + 1], row[width + 2])
+        group = by_object.get(object_key)
+        if group is None:
+            group = by_object[object_key] = Group(shard, *object_key)
+            shard_groups.append(group)
+        group.row_ids.append(row[width])
+        group.attempts.append(row[width + 3])
+        newest[group] = row  # the last row seen of a group is its newest
+    return groups, newest, read

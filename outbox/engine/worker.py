@@ -1,0 +1,300 @@
+"""DrainWorker: the one drain loop of every entry point (command, Celery, Django Tasks),
+with its time budget, graceful stop and signal handling.
+
+The drain runs in a daemon thread; the calling thread waits for it and turns stop
+requests and the time budget into the Drainer's stop event. A first stop request: claim
+nothing new, let the receiver in flight finish within OUTBOX_GRACEFUL_TIMEOUT_SECONDS,
+release the unfinished leases at once (the Drainer does that once `stop` is set). A
+second one, or the graceful timeout passing: stop waiting, report the run abandoned; the
+process exits around the drain thread and that shard's lease expires by itself.
+
+A stop request only appends to a list, as a signal handler must never take a lock (not
+even `Event.set()`'s): it runs in the main thread between two bytecodes, maybe while that
+thread holds that lock. The waiting thread polls the list.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import ClassVar
+
+from django.db import InterfaceError, OperationalError, connections, router
+
+from outbox.conf import outbox_settings
+from outbox.engine.drainer import Drainer
+from outbox.engine.stats import DrainStats
+from outbox.exceptions import DrainInTransaction
+from outbox.models import OutboxBase, outbox_models
+from outbox.shards import ShardKey
+
+logger = logging.getLogger("outbox.engine")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_POLL_SECONDS = 0.05
+
+
+def drain_outboxes(
+    models: Sequence[type[OutboxBase]] | None = None,
+    *,
+    using: str | None = None,
+    scopes: Sequence[int] | None = None,
+    identifiers: Sequence[int] | None = None,
+    deadline: float | None = None,
+    stop: threading.Event | None = None,
+) -> DrainStats:
+    """Drain every due shard of the given tables (all of them by default) once, in the
+    calling thread: no thread, no signals, no graceful timeout."""
+    stats = DrainStats()
+    for model in models or outbox_models():
+        drainer = Drainer(model, using, scopes=scopes, identifiers=identifiers, stop=stop)
+        result = drainer.drain(deadline=deadline)
+        stats.add(result)
+        stats.seconds += result.seconds
+    return stats
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A stop request as the waiting thread saw it."""
+
+    signum: int | None  # None: `request_stop()` / `stop_all()` without a signal
+    forced: bool  # a second request: stop waiting for the receiver in flight
+    elapsed: float  # seconds since the first request
+
+
+@dataclass
+class DrainOutcome:
+    """What a run did; `abandoned` when it stopped waiting for a running receiver."""
+
+    stats: DrainStats = field(default_factory=DrainStats)
+    abandoned: bool = False
+    stop: StopRequest | None = None  # the latest stop request, if any
+
+
+class DrainWorker:
+    """Drains outbox tables (or `shards` of one table) once, or with `loop` until
+    stopped, within `max_seconds`. One run at a time; `request_stop()` is safe from any
+    thread and from signal handlers."""
+
+    # The workers running in this process, for `stop_all()`: Celery's warm shutdown
+    # reaches a pool process as a signal, and that handler has no other way to find the
+    # drains of the tasks running there. Weak, so a finished worker is never kept.
+    _running: ClassVar[weakref.WeakSet[DrainWorker]] = weakref.WeakSet()
+
+    def __init__(
+        self,
+        models: Sequence[type[OutboxBase]] | None = None,
+        *,
+        using: str | None = None,
+        scopes: Sequence[int] | None = None,
+        identifiers: Sequence[int] | None = None,
+        shards: Sequence[ShardKey] | None = None,
+        reservation: str | None = None,
+        loop: bool = False,
+        max_seconds: float | None = None,
+        progress_every: float = 0.0,
+        on_progress: Callable[[DrainStats, float], None] | None = None,
+        on_stop: Callable[[StopRequest], None] | None = None,
+    ) -> None:
+        self.models = list(models) if models else None  # None: every table, found at run
+        self.using = using
+        self.scopes = scopes
+        self.identifiers = identifiers
+        self.loop = loop
+        self.max_seconds = max_seconds
+        self.progress_every = progress_every
+        self.on_progress = on_progress
+        self.on_stop = on_stop
+        # A fan-out task's shards of its one table; their reservation is given back first.
+        self.shards = list(shards) if shards is not None else None
+        self.reservation = reservation
+        self._stop = threading.Event()
+        self._requests: list[tuple[int | None, float]] = []
+        self._result: DrainStats | BaseException | None = None  # of the drain thread
+
+    def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+        """Stop gracefully; a second request forces. Takes no lock (see the module doc),
+        so it is a signal handler as it stands."""
+        self._requests.append((signum, time.monotonic()))
+
+    @classmethod
+    def stop_all(cls) -> None:
+        """Request a stop of every worker running in this process; signal-handler safe."""
+        for worker in tuple(cls._running):
+            worker.request_stop()
+
+    @classmethod
+    def stop_all_on(cls, signum: int) -> None:
+        """From now on, `signum` stops every worker of this process (main thread only)."""
+        signal.signal(signum, lambda received, frame: cls.stop_all())
+
+    @contextmanager
+    def handling_signals(self, *, pass_on: bool = False) -> Iterator[None]:
+        """Inside, SIGTERM/SIGINT stop this worker (a second one forces); outside the
+        main thread this does nothing. The replaced handlers are put back on exit; with
+        `pass_on`, the first signal received is then handed to the handler it replaced,
+        so a task worker's own shutdown runs once the drain has stopped."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        before = len(self._requests)
+        previous = {signum: signal.signal(signum, self.request_stop) for signum in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            received = [signum for signum, _ in self._requests[before:] if signum]
+            handler = previous[signal.Signals(received[0])] if pass_on and received else None
+            if callable(handler):
+                handler(received[0], None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(received[0])
+
+    def run(self) -> DrainOutcome:
+        """Drain in a thread of its own; wait for it, turning stop requests and the time
+        budget into its stop event. Raises what the drain raised."""
+        self._refuse_open_transaction()
+        started = time.monotonic()
+        deadline = started + self.max_seconds if self.max_seconds else None
+        self._result = None
+        thread = threading.Thread(
+            target=self._drain_thread, args=(deadline,), name="outbox-drain", daemon=True
+        )
+        DrainWorker._running.add(self)
+        try:
+            if self._requests:
+                self._stop.set()
+            thread.start()
+            outcome = self._wait(thread, deadline)
+        finally:
+            DrainWorker._running.discard(self)
+        if isinstance(self._result, BaseException) and not outcome.abandoned:
+            raise self._result
+        if isinstance(self._result, DrainStats) and not outcome.abandoned:
+            outcome.stats = self._result
+        return outcome
+
+    def _refuse_open_transaction(self) -> None:
+        """The drain thread has connections of its own, so the Drainer cannot see the
+        caller's transaction: refuse here, where it is open."""
+        for model in self.models or outbox_models():
+            alias = self.using or router.db_for_write(model)
+            if connections[alias].in_atomic_block:
+                raise DrainInTransaction(
+                    f"Refusing to drain {model._meta.label} inside an open transaction on "
+                    f"{alias!r}: leases must commit on their own. Drain after commit."
+                )
+
+    def _wait(self, thread: threading.Thread, deadline: float | None) -> DrainOutcome:
+        outcome = DrainOutcome()
+        seen = 0
+        while thread.is_alive():
+            thread.join(_POLL_SECONDS)
+            seen = self._take_requests(seen, outcome)
+            if deadline is not None and time.monotonic() >= deadline:
+                self._stop.set()
+            if thread.is_alive() and self._grace_over():
+                outcome.abandoned = True
+                return outcome
+        self._take_requests(seen, outcome)
+        return outcome
+
+    def _take_requests(self, seen: int, outcome: DrainOutcome) -> int:
+        """Act on the stop requests that came in since the last look."""
+        requests = self._requests[:]
+        for index in range(seen, len(requests)):
+            signum, at = requests[index]
+            outcome.stop = StopRequest(signum, index > 0, at - requests[0][1])
+            self._stop.set()
+            if self.on_stop is not None:
+                self.on_stop(outcome.stop)
+        return len(requests)
+
+    def _grace_over(self) -> bool:
+        """Whether to stop waiting for the receiver in flight (and say so)."""
+        requests = self._requests[:]
+        waited = time.monotonic() - requests[0][1] if requests else 0.0
+        forced = len(requests) > 1
+        if not forced and waited <= float(outbox_settings.GRACEFUL_TIMEOUT_SECONDS):
+            return False
+        logger.warning(
+            "outbox drain still in a receiver %.1fs after the stop request (%s); "
+            "stopping without it, its shard's lease will expire",
+            waited,
+            "forced by a second request" if forced else "graceful timeout",
+            extra={"event": "outbox.graceful_timeout", "elapsed": round(waited, 3)},
+        )
+        return True
+
+    def _drain_thread(self, deadline: float | None) -> None:
+        started = time.monotonic()
+        try:
+            stats = self._drain_shards() if self.shards is not None else self._drain(deadline)
+            stats.seconds = time.monotonic() - started
+            self._result = stats
+        except BaseException as exc:  # handed to the waiting thread
+            self._result = exc
+        finally:
+            connections.close_all()
+
+    def _drain_shards(self) -> DrainStats:
+        assert self.models and self.shards is not None
+        drainer = Drainer(self.models[0], self.using, stop=self._stop)
+        if self.reservation:
+            drainer.unreserve(self.reservation, self.shards)
+        if self._stop.is_set():  # stopping already: claim nothing
+            return DrainStats()
+        return drainer.drain_shards(self.shards)
+
+    def _drain(self, deadline: float | None) -> DrainStats:
+        """Drain once, or with `loop` until stopped, in slices no longer than the
+        progress interval so progress can be reported between them."""
+        started = time.monotonic()
+        total = DrainStats()
+        while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            slice_end = time.monotonic() + self.progress_every if self.progress_every else None
+            if deadline is not None:
+                slice_end = min(slice_end or deadline, deadline)
+            stats = self._drain_round(slice_end)
+            total.add(stats)
+            cut_short = slice_end is not None and time.monotonic() >= slice_end
+            if cut_short and stats.shards and self.on_progress is not None:
+                self.on_progress(total, time.monotonic() - started)
+            if not (cut_short and stats.shards) and not self.loop:
+                break
+            if not stats.shards:
+                self._stop.wait(float(outbox_settings.LOOP_INTERVAL_SECONDS))
+        return total
+
+    def _drain_round(self, deadline: float | None) -> DrainStats:
+        try:
+            return drain_outboxes(
+                self.models,
+                using=self.using,
+                scopes=self.scopes,
+                identifiers=self.identifiers,
+                deadline=deadline,
+                stop=self._stop,
+            )
+        except (OperationalError, InterfaceError):
+            if not self.loop:
+                raise
+            # A lost connection (server restart, connection killed, network) must not end
+            # a long-running drain: drop this thread's connections, so the next round
+            # opens new ones. Leases of the interrupted batch expire by themselves.
+            logger.warning(
+                "outbox drain lost its database connection; reconnecting",
+                exc_info=True,
+                extra={"event": "outbox.drain_reconnect"},
+            )
+        connections.close_all()
+        return DrainStats()

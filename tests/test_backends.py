@@ -1,0 +1,196 @@
+"""The backend contract (`outbox.backends.base`), on whichever backend this database gets.
+
+The suite runs these on SQLite, MariaDB and PostgreSQL with the fast path on and off,
+so both backends are held to the same contract.
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from outbox.backends import get_backend
+from outbox.backends.base import (
+    FailedGroup,
+    Lease,
+    OutboxBackend,
+    Settlement,
+    ShardFilter,
+)
+from outbox.backends.portable import PortableBackend
+from outbox.backends.postgres import PostgresBackend
+from outbox.backends.select import backend_class
+from outbox.models import ControlOutbox, RegionOutbox, ShardLease
+from outbox.shards import ShardKey
+from tests.conftest import committing
+from tests.factories import ControlOutboxFactory, RegionOutboxFactory
+from tests.testapp.categories import Scope
+
+pytestmark = committing
+
+
+def key(identifier, scope=Scope.ORGANIZATION, region=""):
+    return ShardKey(region, int(scope), identifier)
+
+
+@pytest.fixture
+def backend():
+    return get_backend("default")
+
+
+def lease(token="mine", seconds=30.0):
+    return Lease(token, "test", seconds)
+
+
+def test_one_function_picks_the_backend_from_vendor_and_setting(settings):
+    fast = connection.vendor == "postgresql"
+    settings.OUTBOX_FAST_PATH = True
+    assert backend_class("default") is (PostgresBackend if fast else PortableBackend)
+    settings.OUTBOX_FAST_PATH = False
+    assert backend_class("default") is PortableBackend
+    assert isinstance(get_backend("default"), PortableBackend)
+
+
+def test_neither_backend_inherits_from_the_other():
+    assert PostgresBackend.__mro__[1] is OutboxBackend
+    assert PortableBackend.__mro__[1] is OutboxBackend
+
+
+def test_claim_takes_due_free_shards_and_commits_the_lease(backend):
+    for identifier in (1, 2, 3):
+        RegionOutboxFactory(shard_identifier=identifier)
+    RegionOutboxFactory(shard_identifier=4, scheduled_for=timezone.now() + timedelta(hours=1))
+    mine = lease()
+    won = backend.claim(RegionOutbox, mine, ShardFilter(), 10)
+    assert won == mine.shards == [key(1), key(2), key(3)]
+    assert ShardLease.objects.of(RegionOutbox).held().with_token("mine").count() == 3
+    # Nothing is left to claim: held shards are not claimed twice.
+    assert backend.claim(RegionOutbox, lease("other"), ShardFilter(), 10) == []
+
+
+def test_claim_honours_the_filter_and_the_limit(backend):
+    for identifier in (1, 2, 3, 4, 5):
+        RegionOutboxFactory(shard_identifier=identifier)
+    assert backend.claim(RegionOutbox, lease("a"), ShardFilter(scopes=(99,)), 10) == []
+    assert backend.claim(RegionOutbox, lease("b"), ShardFilter(identifiers=(4,)), 10) == [key(4)]
+    named = ShardFilter(shards=(key(1), key(3), key(4), key(9)))
+    assert backend.claim(RegionOutbox, lease("c"), named, 10) == [key(1), key(3)]
+    assert len(backend.claim(RegionOutbox, lease("d"), ShardFilter(), 1)) == 1
+    assert len(backend.claim(RegionOutbox, lease("e"), ShardFilter(), 10)) == 1
+    assert ShardLease.objects.held().count() == 5
+
+
+def test_claim_with_a_cursor_still_reaches_every_shard(backend):
+    for identifier in (1, 2, 3):
+        RegionOutboxFactory(shard_identifier=identifier)
+    mine = lease()
+    backend.claim(RegionOutbox, mine, ShardFilter(after=key(2)), 10)
+    assert sorted(mine.shards) == [key(1), key(2), key(3)]
+
+
+def test_claim_skips_backing_off_and_retakes_expired_leases(backend):
+    RegionOutboxFactory(shard_identifier=1)
+    RegionOutboxFactory(shard_identifier=2)
+    backend.claim(RegionOutbox, lease("dead"), ShardFilter(), 10)
+    failure = FailedGroup(key(1), {}, "boom", 60.0)
+    backend.settle(RegionOutbox, lease("dead"), Settlement(failed=[failure]))
+    assert ShardLease.objects.backing_off().count() == 1
+    ShardLease.objects.of_shard(key(2)).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert backend.claim(RegionOutbox, lease("new"), ShardFilter(), 10) == [key(2)]
+
+
+def test_read_window_coalesces_in_order_of_the_oldest_row(backend):
+    rows = [
+        RegionOutboxFactory(shard_identifier=1, object_identifier=obj, payload={"v": v})
+        for obj, v in [(1, "a1"), (2, "b1"), (1, "a2")]
+    ]
+    window = backend.read_window(RegionOutbox, [key(1)], 100)
+    groups = window.shards[key(1)]
+    assert [g.object_identifier for g in groups] == [1, 2]
+    assert groups[0].row_ids == [rows[0].id, rows[2].id] and groups[0].attempts == [0, 0]
+    assert groups[0].message.payload == {"v": "a2"} and groups[1].message.payload == {"v": "b1"}
+    assert window.incomplete == set()
+
+
+def test_read_window_marks_shards_that_may_continue(backend):
+    for n in range(120):
+        RegionOutboxFactory(shard_identifier=1, object_identifier=n)
+    window = backend.read_window(RegionOutbox, [key(1)], 100)
+    assert key(1) in window.incomplete
+    assert sum(len(g.row_ids) for g in window.shards[key(1)]) >= 100
+
+
+def test_read_window_carries_the_control_fields():
+    ControlOutboxFactory(region_name="eu", shard_identifier=7, payload={"v": 1})
+    shard = key(7, scope=Scope.USER, region="eu")
+    window = get_backend("control").read_window(ControlOutbox, [shard], 100)
+    message = window.shards[shard][0].message
+    assert message.region_name == "eu" and message.payload == {"v": 1}
+    assert message.date_added is not None and message.scheduled_for is not None
+
+
+def test_settle_deletes_reschedules_and_releases_in_one_go(backend):
+    done = RegionOutboxFactory(shard_identifier=1)
+    failed = RegionOutboxFactory(shard_identifier=2)
+    mine = lease()
+    backend.claim(RegionOutbox, mine, ShardFilter(), 10)
+    settled = backend.settle(
+        RegionOutbox,
+        mine,
+        Settlement(
+            delivered={key(1): [done.id]},
+            failed=[FailedGroup(key(2), {failed.id: 45.0}, "it broke", 45.0)],
+            release=[key(1)],
+        ),
+    )
+    assert (settled.deleted, settled.lost) == (1, frozenset())
+    row = RegionOutbox.objects.get()
+    assert row.id == failed.id and row.attempts == 1 and row.last_error == "it broke"
+    assert row.scheduled_for >= timezone.now() + timedelta(seconds=40)
+    backing_off = ShardLease.objects.get()
+    assert backing_off.token is None and backing_off.shard_identifier == 2
+
+
+def test_settle_touches_nothing_of_a_lost_shard(backend):
+    RegionOutboxFactory(shard_identifier=1)
+    row = RegionOutboxFactory(shard_identifier=2)
+    mine = lease()
+    backend.claim(RegionOutbox, mine, ShardFilter(), 10)
+    ShardLease.objects.of_shard(key(2)).update(token="theirs")
+    failure = FailedGroup(key(2), {row.id: 45.0}, "it broke", 45.0)
+    settled = backend.settle(
+        RegionOutbox, mine, Settlement(delivered={key(2): [row.id]}, failed=[failure])
+    )
+    assert (settled.deleted, settled.lost) == (0, {key(2)})
+    assert RegionOutbox.objects.get(id=row.id).attempts == 0
+    assert ShardLease.objects.get(shard_identifier=2).token == "theirs"
+
+
+def test_settle_refuses_dead_letters_until_a_backend_has_them(backend):
+    with pytest.raises(NotImplementedError):
+        backend.settle(
+            RegionOutbox, lease(), Settlement(dead=[FailedGroup(key(1), {1: 0.0}, "x", 0.0)])
+        )
+
+
+def test_renew_reports_the_shards_still_held(backend):
+    RegionOutboxFactory(shard_identifier=1)
+    RegionOutboxFactory(shard_identifier=2)
+    mine = lease(seconds=3600.0)
+    backend.claim(RegionOutbox, mine, ShardFilter(), 10)
+    ShardLease.objects.of_shard(key(2)).update(token="theirs")
+    assert backend.renew(RegionOutbox, mine) == {key(1)}
+    expires = ShardLease.objects.get(token="mine").expires_at
+    assert expires >= timezone.now() + timedelta(minutes=59)
+
+
+def test_release_drops_only_our_leases(backend):
+    RegionOutboxFactory(shard_identifier=1)
+    RegionOutboxFactory(shard_identifier=2)
+    mine = lease()
+    backend.claim(RegionOutbox, mine, ShardFilter(), 10)
+    ShardLease.objects.of_shard(key(2)).update(token="theirs")
+    backend.release(RegionOutbox, mine, [key(1), key(2)])
+    assert list(ShardLease.objects.values_list("token", flat=True)) == ["theirs"]
+    backend.release(RegionOutbox, mine, [])  # nothing to do is fine
