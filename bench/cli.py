@@ -224,7 +224,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             log(
                 started,
-                "write overhead: save+outbox / save = {ratio:.2f}".format(**data["write_overhead"]),
+                "write overhead: save+outbox / save = {ratio:.2f} (floor {sql_floor_ratio:.2f}); "
+                "deferred {deferred_ratio:.2f} (floor {deferred_sql_floor_ratio:.2f})".format(
+                    **data["write_overhead"]
+                ),
             )
         if "drains" in sections:
             data["shapes"], found = run_drains(sizes, budget, selected, args.repeat, started)
