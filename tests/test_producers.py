@@ -100,7 +100,7 @@ def test_update_emits_in_batches_for_every_changed_object(calls, monkeypatch):
     calls.reset()  # the bulk_create's own messages were flushed at its commit
     with CaptureQueriesContext(connection) as queries:
         assert Organization.objects.filter(name__startswith="B").update(name="batched") == 5
-    outbox_insert = 'INSERT INTO "outbox_regionoutbox"'
+    outbox_insert = f"INSERT INTO {connection.ops.quote_name(RegionOutbox._meta.db_table)}"
     inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith(outbox_insert)]
     # 5 objects in batches of 2: one bulk insert of their outbox rows per batch.
     assert len(inserts) == (3 if connection.features.can_return_rows_from_bulk_insert else 5)

@@ -13,7 +13,7 @@ def retry_delay(attempt: int) -> float:
     The ceiling doubles per failure up to OUTBOX_BACKOFF_MAX_SECONDS; the delay is drawn
     between half the ceiling and the ceiling, so failed shards do not retry in step.
     """
-    base = float(outbox_settings.BACKOFF_BASE_SECONDS)
-    cap = float(outbox_settings.BACKOFF_MAX_SECONDS)
+    base = outbox_settings.BACKOFF_BASE_SECONDS
+    cap = outbox_settings.BACKOFF_MAX_SECONDS
     ceiling = min(cap, base * 2 ** min(max(attempt, 1) - 1, 62))
     return random.uniform(ceiling / 2, ceiling)

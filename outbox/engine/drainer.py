@@ -64,7 +64,7 @@ class Drainer:
         started = time.monotonic()
         idle_rounds = 0
         while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            lease = self._claim(self._new_lease(), int(outbox_settings.BATCH_SHARDS))
+            lease = self._claim(self._new_lease(), outbox_settings.BATCH_SHARDS)
             if not lease.shards:
                 break
             batch = self._work(lease, bounds=None)
@@ -135,7 +135,7 @@ class Drainer:
 
     @staticmethod
     def _lease_seconds() -> float:
-        return float(outbox_settings.LEASE_SECONDS)
+        return outbox_settings.LEASE_SECONDS
 
     def _work(self, lease: Lease, bounds: Mapping[ShardKey, int | None] | None) -> DrainStats:
         """Deliver the claimed shards window by window; release each once it is done."""
@@ -170,7 +170,7 @@ class Drainer:
         return stats
 
     def _window_rows(self) -> int:
-        return int(outbox_settings.BATCH_ROWS)
+        return outbox_settings.BATCH_ROWS
 
     def _release_remaining(self, lease: Lease) -> None:
         if not lease.shards:

@@ -45,7 +45,7 @@ class Holding:
 
     def hung(self, now: float) -> bool:
         started = self.receiver_started
-        deadline = float(outbox_settings.RECEIVER_DEADLINE_SECONDS)
+        deadline = outbox_settings.RECEIVER_DEADLINE_SECONDS
         return started is not None and now - started > deadline
 
 

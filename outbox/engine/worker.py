@@ -224,7 +224,7 @@ class DrainWorker:
         requests = self._requests[:]
         waited = time.monotonic() - requests[0][1] if requests else 0.0
         forced = len(requests) > 1
-        if not forced and waited <= float(outbox_settings.GRACEFUL_TIMEOUT_SECONDS):
+        if not forced and waited <= outbox_settings.GRACEFUL_TIMEOUT_SECONDS:
             return False
         logger.warning(
             "outbox drain still in a receiver %.1fs after the stop request (%s); "
@@ -272,7 +272,7 @@ class DrainWorker:
             if not (cut_short and stats.shards) and not self.loop:
                 break
             if not stats.shards:
-                self._stop.wait(float(outbox_settings.LOOP_INTERVAL_SECONDS))
+                self._stop.wait(outbox_settings.LOOP_INTERVAL_SECONDS)
         return total
 
     def _drain_round(self, deadline: float | None) -> DrainStats:

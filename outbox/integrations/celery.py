@@ -84,8 +84,8 @@ def register_tasks(app: Celery) -> None:
     """Register `schedule_drains` and `drain` on the app under their configured names
     (again: a no-op)."""
     for name, function in (
-        (str(outbox_settings.CELERY_SCHEDULE_TASK), schedule_drains),
-        (str(outbox_settings.CELERY_DRAIN_TASK), drain),
+        (outbox_settings.CELERY_SCHEDULE_TASK, schedule_drains),
+        (outbox_settings.CELERY_DRAIN_TASK, drain),
     ):
         # Not `shared`: that would add a finalizer for every app per call, process-wide.
         app.task(name=name, ignore_result=True, shared=False)(function)
@@ -110,8 +110,8 @@ def send(order: DrainOrder) -> None:
     drain_task.apply_async(
         args=order.as_args(),
         queue=outbox_settings.CELERY_QUEUE,
-        expires=float(outbox_settings.LEASE_SECONDS),
-        time_limit=float(outbox_settings.CELERY_TIME_LIMIT_SECONDS),
+        expires=outbox_settings.LEASE_SECONDS,
+        time_limit=outbox_settings.CELERY_TIME_LIMIT_SECONDS,
     )
 
 
@@ -125,11 +125,11 @@ def prompt_drain(using: str, shards: Mapping[type[OutboxBase], Collection[ShardK
 
 def beat_schedule_entry() -> dict[str, Any]:
     """The beat entry of `schedule_drains`; a tick not run within its interval is dropped."""
-    interval = float(outbox_settings.CELERY_SCHEDULE_SECONDS)
+    interval = outbox_settings.CELERY_SCHEDULE_SECONDS
     options: dict[str, Any] = {"expires": interval}
     if outbox_settings.CELERY_QUEUE:
         options["queue"] = outbox_settings.CELERY_QUEUE
-    task = str(outbox_settings.CELERY_SCHEDULE_TASK)
+    task = outbox_settings.CELERY_SCHEDULE_TASK
     return {"task": task, "schedule": interval, "options": options}
 
 

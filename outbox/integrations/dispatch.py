@@ -68,8 +68,8 @@ def plan_drains(models: Sequence[type[OutboxBase]] | None = None) -> list[DrainO
 
 def _plan_table(model: type[OutboxBase]) -> list[DrainOrder]:
     drainer = Drainer(model)
-    per_task = max(int(outbox_settings.TASK_SHARDS), 1)
-    room = int(outbox_settings.CELERY_MAX_TASKS) * per_task - shards_in_flight(model, drainer.using)
+    per_task = max(outbox_settings.TASK_SHARDS, 1)
+    room = outbox_settings.CELERY_MAX_TASKS * per_task - shards_in_flight(model, drainer.using)
     if room <= 0:
         return []
     reservation = drainer.reserve(room, _reserver())
@@ -89,7 +89,7 @@ def prompt_orders(
     using: str, shards: Mapping[type[OutboxBase], Collection[ShardKey]]
 ) -> list[DrainOrder]:
     """Orders for shards just written (no reservation: a busy shard is simply skipped)."""
-    per_task = max(int(outbox_settings.TASK_SHARDS), 1)
+    per_task = max(outbox_settings.TASK_SHARDS, 1)
     orders = []
     for model, keys in shards.items():
         ordered = sorted(keys)
@@ -105,13 +105,13 @@ def order_worker(order: DrainOrder) -> DrainWorker:
         using=order.using,
         shards=order.shards,
         reservation=order.reservation,
-        max_seconds=float(outbox_settings.TASK_SECONDS),
+        max_seconds=outbox_settings.TASK_SECONDS,
     )
 
 
 def all_tables_worker() -> DrainWorker:
     """The worker of a drain-everything task: every table, within OUTBOX_TASK_SECONDS."""
-    return DrainWorker(max_seconds=float(outbox_settings.TASK_SECONDS))
+    return DrainWorker(max_seconds=outbox_settings.TASK_SECONDS)
 
 
 def run_order(order: DrainOrder) -> DrainStats:

@@ -44,14 +44,14 @@ from outbox.shards import ShardKey
 def enqueue(task: Task[Any, Any], *args: Any) -> TaskResult[Any, Any]:
     """Enqueue an outbox task on OUTBOX_TASKS_BACKEND and OUTBOX_TASKS_QUEUE_NAME."""
     configured = task.using(
-        backend=str(outbox_settings.TASKS_BACKEND),
-        queue_name=str(outbox_settings.TASKS_QUEUE_NAME),
+        backend=outbox_settings.TASKS_BACKEND,
+        queue_name=outbox_settings.TASKS_QUEUE_NAME,
     )
     return configured.enqueue(*args)
 
 
-_BACKEND = str(outbox_settings.TASKS_BACKEND)
-_QUEUE_NAME = str(outbox_settings.TASKS_QUEUE_NAME)
+_BACKEND = outbox_settings.TASKS_BACKEND
+_QUEUE_NAME = outbox_settings.TASKS_QUEUE_NAME
 
 
 @task(backend=_BACKEND, queue_name=_QUEUE_NAME)
