@@ -242,6 +242,30 @@ class OutboxSettings:
         "default", "Django Tasks backend alias of the outbox tasks (a key of `TASKS`)."
     )
     TASKS_QUEUE_NAME: Setting[str] = Setting("default", "Django Tasks queue of the outbox tasks.")
+    MAX_ATTEMPTS: Setting[int] = Setting(
+        0,
+        "Failed attempts after which a message becomes a dead letter, kept for an operator "
+        "while its shard goes on; 0 (the default) never gives up, blocking the shard to "
+        "keep its order. A category may set its own (see the docs).",
+        at_least=0,
+    )
+    METRICS: Setting[str | None] = Setting(
+        None,
+        "Where metrics go: `prometheus`, `statsd`, `opentelemetry`, or the dotted path of "
+        "a metrics class; None (the default) records nothing and costs nothing.",
+        kind=str,
+    )
+    STATSD_HOST: Setting[str] = Setting(
+        "127.0.0.1", "StatsD host, with `OUTBOX_METRICS = 'statsd'`."
+    )
+    STATSD_PORT: Setting[int] = Setting(8125, "StatsD UDP port.", at_least=1)
+    STATSD_PREFIX: Setting[str] = Setting("outbox", "Prefix of the StatsD metric names.")
+    HEARTBEAT_SECONDS: Setting[float] = Setting(
+        60.0,
+        "How often `drain_outboxes --loop` logs its one-line heartbeat (rate, backlog, lag) "
+        "at INFO.",
+        above=0,
+    )
 
 
 SETTINGS: dict[str, Setting[Any]] = {

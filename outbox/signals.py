@@ -59,3 +59,26 @@ def transactional_receiver(
 
 def is_transactional(signal: Signal, category: OutboxCategory) -> bool:
     return (id(signal), category) in _transactional
+
+
+# Lifecycle signals: sent by the engine (and the write path, for `messages_saved`) with
+# the outbox model as `sender`. Connect to them for logging, tracing or metrics
+# (`outbox.metrics` does); a signal with no receiver costs one check. Keyword arguments
+# (every signal also gets `using`, the database alias):
+#
+# - messages_saved: `rows` (the outbox rows written, in one save or bulk insert).
+# - message_processed: `shard` (ShardKey), `category` (int), `object_identifier`,
+#   `rows` (rows retired with it, coalesced ones included), `lag_seconds` (the newest
+#   row's age when delivered, or None if unknown), `duration_seconds` (the receivers'
+#   time).
+# - delivery_failed: `shard`, `category`, `object_identifier`, `attempts` (including
+#   this one), `error` (text), `exception`, `dead` (True when this failure dead-lettered
+#   the message).
+# - message_dead_lettered: `shard`, `category`, `object_identifier`, `attempts`,
+#   `error`.
+# - lease_lost: `shard`.
+messages_saved = Signal()
+message_processed = Signal()
+delivery_failed = Signal()
+message_dead_lettered = Signal()
+lease_lost = Signal()
