@@ -3,6 +3,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from outbox.categories import OutboxCategory, OutboxScope, unique_object_identifier
+from outbox.exceptions import PermanentFailure, RetryLater
 from outbox.signals import transactional_receiver
 from outbox.writes.context import outbox_context
 
@@ -14,6 +15,8 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 __all__ = [
     "OutboxCategory",
     "OutboxScope",
+    "PermanentFailure",
+    "RetryLater",
     "__version__",
     "outbox_context",
     "transactional_receiver",

@@ -8,12 +8,14 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         """Wire the layers: the write path below, the engine and backends above it."""
-        from outbox import checks  # noqa: F401  (registers the system checks)
+        import outbox.checks  # noqa: F401  (registers the system checks)
         from outbox.backends.select import commit_with_last_insert
         from outbox.engine.flush import flush_shards
+        from outbox.metrics import install as install_metrics
         from outbox.writes import path
         from outbox.writes.hooks import hooks
 
         path.install()
         hooks.flush = flush_shards
         hooks.commit_with_last_insert = commit_with_last_insert
+        install_metrics()  # connects nothing unless OUTBOX_METRICS is set

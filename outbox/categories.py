@@ -51,6 +51,19 @@ class OutboxCategory(enum.IntEnum):
     def scope(self) -> OutboxScope:
         return registry.scope_of(self)
 
+    def max_attempts(self) -> int | None:
+        """Failed attempts after which a message of this category becomes a dead letter:
+        0 never gives up, None (the default) follows OUTBOX_MAX_ATTEMPTS. Override it on
+        the project's category enum to give some categories their own limit::
+
+            class Category(OutboxCategory):
+                PAYMENT = 5
+
+                def max_attempts(self) -> int | None:
+                    return 3 if self is Category.PAYMENT else None
+        """
+        return None
+
 
 class _ScopeMeta(enum.EnumMeta):
     # Registration happens once the enum class is complete: Python 3.10 does not

@@ -31,3 +31,31 @@ class DrainInTransaction(OutboxError):
 
 class NoReceiver(OutboxError):
     """A message's category has no connected receiver; the message is kept for later."""
+
+
+class RetryLater(OutboxError):
+    """Raised by a receiver to have its message delivered again after `delay_seconds`.
+
+    The message is rescheduled after that delay (on the database clock; at least one
+    second), not after the back-off curve; it still counts as a failed attempt, so
+    OUTBOX_MAX_ATTEMPTS applies. Other receivers of the message still run, and those
+    that succeeded are not called again on the retry. Its shard waits meanwhile.
+    """
+
+    def __init__(self, delay_seconds: float, message: str = "") -> None:
+        if delay_seconds < 0:
+            raise ValueError(f"RetryLater needs a delay of 0 seconds or more, not {delay_seconds}")
+        self.delay_seconds = float(delay_seconds)
+        self.message = message
+        super().__init__(message or f"retry in {self.delay_seconds:g} seconds")
+
+
+class PermanentFailure(OutboxError):
+    """Raised by a receiver when its message can never succeed: the message becomes a
+    dead letter at once, whatever OUTBOX_MAX_ATTEMPTS says, and its shard goes on with
+    its next group. An operator may still retry or discard it
+    (`manage.py outbox_dead_letters`)."""
+
+    def __init__(self, message: str = "") -> None:
+        self.message = message
+        super().__init__(message or "permanent failure")

@@ -1,55 +1,135 @@
-"""A snapshot of the backlog, shared by `manage.py outbox_status` and the admin."""
+"""A snapshot of the backlog, shared by `manage.py outbox_status`, the health check, the
+drain loop's heartbeat and the admin.
+
+Per table and per scope: pending rows, shards, due rows, the lag (the age of the oldest
+due row: how long the oldest deliverable message has waited), failing rows, dead
+letters, and shards by lease state (held by a live worker, expired: a dead worker's
+or not yet cleaned up, backing off after a failure), plus the worst shards (most
+attempts) with their last error. A table costs a fixed number of aggregate queries
+whatever its size; lease states come from `ShardLease.objects` (held, expired,
+backing_off) and dead letters from the outbox QuerySet (`pending()`, `dead()`).
+"""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Max, Min
+from django.db.models import Count, Max, Min, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from outbox.categories import registry
 from outbox.models import OutboxBase, ShardLease
 
+# Failing or dead shards listed per table, worst (most attempts) first.
+WORST_SHARDS = 5
+
 
 def table_status(model: type[OutboxBase], using: str | None = None) -> dict[str, Any]:
-    """Counts of one outbox table: rows, due rows, shards, leases, the oldest row, per scope.
-
-    Leases by state: `leased_shards` held by a live worker, `backing_off_shards` waiting
-    out a failure, `expired_shards` whose lease or back-off is over (a dead worker's, or
-    not yet cleaned up): claimable again."""
+    """The status of one outbox table as JSON-friendly values (see the module doc)."""
     alias = using or model._default_manager.db
-    rows = model._default_manager.using(alias)
-    leases = ShardLease.objects.using(alias).of(model)
-    totals = rows.aggregate(
-        rows=Count("id"), oldest=Min("date_added"), max_attempts=Max("attempts")
-    )
-    oldest = totals["oldest"]
-    scopes = (
-        rows.values("shard_scope")
-        .annotate(rows=Count("id"), shards=Count("shard_identifier", distinct=True))
-        .order_by("shard_scope")
-    )
+    manager = model._default_manager.using(alias)
+    pending = manager.pending()
+    now = timezone.now()
+    totals = pending.aggregate(**_counts())
+    scopes = _scopes(model, alias, pending, now)
     return {
         "table": model._meta.label,
         "database": alias,
         "rows": totals["rows"],
-        "due_rows": rows.filter(scheduled_for__lte=Now()).count(),
-        "failing_rows": rows.filter(attempts__gt=0).count(),
+        "due_rows": totals["due_rows"],
+        "failing_rows": totals["failing_rows"],
+        "dead_letters": sum(scope["dead_letters"] for scope in scopes),
         "max_attempts": totals["max_attempts"] or 0,
-        "oldest_age_seconds": (timezone.now() - oldest).total_seconds() if oldest else 0.0,
-        "leased_shards": leases.held().count(),
-        "backing_off_shards": leases.backing_off().count(),
-        "expired_shards": leases.expired().count(),
-        "scopes": [
-            {
-                "scope": _scope_name(entry["shard_scope"]),
-                "rows": entry["rows"],
-                "shards": entry["shards"],
-            }
-            for entry in scopes
-        ],
+        "oldest_age_seconds": _age(now, totals["oldest"]),
+        "lag_seconds": _age(now, totals["oldest_due"]),
+        "leased_shards": sum(scope["held_shards"] for scope in scopes),
+        "backing_off_shards": sum(scope["backing_off_shards"] for scope in scopes),
+        "expired_shards": sum(scope["expired_shards"] for scope in scopes),
+        "scopes": scopes,
+        "worst_shards": _worst_shards(model, manager),
     }
+
+
+def _counts() -> dict[str, Any]:
+    due = Q(scheduled_for__lte=Now())
+    return {
+        "rows": Count("id"),
+        "due_rows": Count("id", filter=due),
+        "failing_rows": Count("id", filter=Q(attempts__gt=0)),
+        "max_attempts": Max("attempts"),
+        "oldest": Min("date_added"),
+        "oldest_due": Min("date_added", filter=due),
+    }
+
+
+def _scopes(
+    model: type[OutboxBase], alias: str, pending: QuerySet[Any], now: datetime
+) -> list[dict[str, Any]]:
+    """One entry per scope that has pending rows, dead letters or leases."""
+    by_scope: dict[int, dict[str, Any]] = defaultdict(_empty_scope)
+    counts = _counts()
+    counts["shards"] = Count("shard_identifier", distinct=True)
+    for entry in pending.values("shard_scope").annotate(**counts).order_by():
+        scope = by_scope[entry["shard_scope"]]
+        scope.update({key: entry[key] or 0 for key in ("rows", "shards", "due_rows")})
+        scope["failing_rows"] = entry["failing_rows"]
+        scope["lag_seconds"] = _age(now, entry["oldest_due"])
+    dead = model._default_manager.using(alias).dead()
+    for entry in dead.values("shard_scope").annotate(n=Count("id")).order_by():
+        by_scope[entry["shard_scope"]]["dead_letters"] = entry["n"]
+    leases = ShardLease.objects.using(alias).of(model)
+    for state, leased in (
+        ("held_shards", leases.held()),
+        ("expired_shards", leases.expired()),
+        ("backing_off_shards", leases.backing_off()),
+    ):
+        for entry in leased.values("shard_scope").annotate(n=Count("id")).order_by():
+            by_scope[entry["shard_scope"]][state] = entry["n"]
+    return [{"scope": _scope_name(value), **by_scope[value]} for value in sorted(by_scope)]
+
+
+def _empty_scope() -> dict[str, Any]:
+    return {
+        "rows": 0,
+        "shards": 0,
+        "due_rows": 0,
+        "failing_rows": 0,
+        "lag_seconds": 0.0,
+        "dead_letters": 0,
+        "held_shards": 0,
+        "expired_shards": 0,
+        "backing_off_shards": 0,
+    }
+
+
+def _worst_shards(model: type[OutboxBase], manager: Any) -> list[dict[str, Any]]:
+    """The shards whose rows failed most often, worst first, each with its last error."""
+    fields = model.shard_fields
+    failing = manager.filter(attempts__gt=0).order_by("-attempts", "id")
+    worst: dict[tuple[Any, ...], dict[str, Any]] = {}
+    # A bounded read: enough rows to find WORST_SHARDS distinct shards in all but
+    # pathological cases (one shard with many failing rows).
+    for row in failing.values(*fields, "attempts", "last_error")[: WORST_SHARDS * 20]:
+        key = tuple(row[field] for field in fields)
+        if key in worst:
+            continue
+        shard = model.shard_key_of(key)
+        worst[key] = {
+            "scope": _scope_name(shard.shard_scope),
+            "shard": str(shard),
+            "attempts": row["attempts"],
+            "last_error": row["last_error"][:500],
+        }
+        if len(worst) == WORST_SHARDS:
+            break
+    return list(worst.values())
+
+
+def _age(now: datetime, then: datetime | None) -> float:
+    return max((now - then).total_seconds(), 0.0) if then is not None else 0.0
 
 
 def _scope_name(value: int) -> str:

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from outbox.backends import get_backend
@@ -167,11 +168,63 @@ def test_settle_touches_nothing_of_a_lost_shard(backend):
     assert ShardLease.objects.get(shard_identifier=2).token == "theirs"
 
 
-def test_settle_refuses_dead_letters_until_a_backend_has_them(backend):
-    with pytest.raises(NotImplementedError):
-        backend.settle(
-            RegionOutbox, lease(), Settlement(dead=[FailedGroup(key(1), {1: 0.0}, "x", 0.0)])
-        )
+def test_settle_buries_dead_groups_and_keeps_their_rows(backend):
+    older = RegionOutboxFactory(shard_identifier=1, object_identifier=7)
+    newest = RegionOutboxFactory(shard_identifier=1, object_identifier=7)
+    later = RegionOutboxFactory(shard_identifier=1, object_identifier=8)
+    mine = lease()
+    backend.claim(RegionOutbox, mine, ShardFilter(), 10)
+    dead = FailedGroup(
+        key(1), {older.id: 0.0, newest.id: 0.0}, "gone", 0.0, "Traceback ...", '["a.b"]'
+    )
+    settled = backend.settle(RegionOutbox, mine, Settlement(dead=[dead], release=[key(1)]))
+    assert (settled.deleted, settled.lost) == (0, frozenset())
+    buried = {row.id: row for row in RegionOutbox.objects.dead()}
+    assert set(buried) == {older.id, newest.id}
+    for row in buried.values():
+        assert row.attempts == 1 and row.last_error == "gone"
+        assert row.last_traceback == "Traceback ..." and row.first_attempt_at is not None
+    assert (buried[older.id].delivered_to, buried[newest.id].delivered_to) == ("", '["a.b"]')
+    assert list(RegionOutbox.objects.pending().values_list("id", flat=True)) == [later.id]
+    assert not ShardLease.objects.exists()  # the shard goes on: released, not backed off
+    # Dead rows are never read, and never make a shard due or block it.
+    window = backend.read_window(RegionOutbox, [key(1)], 100)
+    assert [group.row_ids for group in window.shards[key(1)]] == [[later.id]]
+    RegionOutbox.objects.filter(id=later.id).delete()
+    assert backend.claim(RegionOutbox, lease("next"), ShardFilter(), 10) == []
+
+
+def test_claim_and_read_stop_at_the_first_row_not_yet_due(backend):
+    later = timezone.now() + timedelta(hours=1)
+    RegionOutboxFactory(shard_identifier=1, scheduled_for=later)
+    RegionOutboxFactory(shard_identifier=1)  # due, but behind a future row
+    first = RegionOutboxFactory(shard_identifier=2)
+    RegionOutboxFactory(shard_identifier=2, scheduled_for=later)
+    mine = lease()
+    assert backend.claim(RegionOutbox, mine, ShardFilter(), 10) == [key(2)]
+    window = backend.read_window(RegionOutbox, [key(2)], 100)
+    assert [group.row_ids for group in window.shards[key(2)]] == [[first.id]]
+    assert window.incomplete == set()
+
+
+def test_failed_settle_records_traceback_and_receivers_done(backend):
+    older = RegionOutboxFactory(shard_identifier=1, object_identifier=7)
+    newest = RegionOutboxFactory(shard_identifier=1, object_identifier=7)
+    mine = lease()
+    backend.claim(RegionOutbox, mine, ShardFilter(), 10)
+    failure = FailedGroup(
+        key(1), {older.id: 30.0, newest.id: 30.0}, "boom", 30.0, "Traceback", '["m.f"]'
+    )
+    backend.settle(RegionOutbox, mine, Settlement(failed=[failure]))
+    rows = {row.id: row for row in RegionOutbox.objects.all()}
+    assert rows[newest.id].delivered_to == '["m.f"]' and rows[older.id].delivered_to == ""
+    assert rows[older.id].last_traceback == "Traceback" and rows[older.id].dead_at is None
+    assert rows[newest.id].scheduled_for >= timezone.now() + timedelta(seconds=25)
+    # The fast path reads the receivers done with the newest row's message.
+    ShardLease.objects.all().delete()
+    RegionOutbox.objects.update(scheduled_for=Now())
+    window = backend.read_window(RegionOutbox, [key(1)], 100)
+    assert window.shards[key(1)][0].message.delivered_to == '["m.f"]'
 
 
 def test_renew_reports_the_shards_still_held(backend):

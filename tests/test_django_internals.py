@@ -1,4 +1,4 @@
-"""The Django internals the deferred writer relies on (outbox/writes/internals.py).
+"""The Django internals the app relies on (outbox/internals.py).
 
 These fail on a Django version that changes them, before any user sees a held row lost
 or written twice.
@@ -6,8 +6,8 @@ or written twice.
 
 from django.db import connection, transaction
 
+from outbox import internals
 from outbox.models import RegionOutbox
-from outbox.writes import internals
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
 
@@ -42,3 +42,21 @@ def test_mark_written_leaves_the_row_as_save_would():
     assert row.date_added is not None  # a database default, read back
     row.save()  # an UPDATE now, not a second INSERT
     assert RegionOutbox.objects.count() == 1
+
+
+def test_live_receivers_gives_the_sync_and_async_receivers_of_a_sender():
+    from django.dispatch import Signal
+
+    signal = Signal()
+
+    def first(sender, **kwargs):
+        pass
+
+    async def second(sender, **kwargs):
+        pass
+
+    signal.connect(first, sender="a")
+    signal.connect(second, sender="a")
+    signal.connect(first, sender="b")
+    assert internals.live_receivers(signal, "a") == ([first], [second])
+    assert internals.live_receivers(signal, "c") == ([], [])

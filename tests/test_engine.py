@@ -4,6 +4,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -102,14 +103,40 @@ def test_attempts_grow_and_keep_the_first_attempt_time(calls):
     assert second.last_attempt_at >= first.last_attempt_at
 
 
-def test_future_rows_wait_and_one_due_row_drains_the_whole_shard(calls):
+def test_a_future_row_is_not_delivered_before_its_time(calls):
     later = timezone.now() + timedelta(hours=1)
     RegionOutboxFactory(shard_identifier=1, scheduled_for=later, payload={"v": "future"})
     assert drain_outboxes().receiver_calls == 0
     assert RegionOutbox.objects.count() == 1
-    RegionOutboxFactory(shard_identifier=1, payload={"v": "due"})
+
+
+def test_a_shard_stops_at_its_first_row_not_yet_due_keeping_order(calls):
+    later = timezone.now() + timedelta(hours=1)
+    RegionOutboxFactory(shard_identifier=1, object_identifier=1, payload={"v": "due first"})
+    RegionOutboxFactory(
+        shard_identifier=1, object_identifier=2, scheduled_for=later, payload={"v": "future"}
+    )
+    RegionOutboxFactory(shard_identifier=1, object_identifier=3, payload={"v": "due, waits"})
+    RegionOutboxFactory(shard_identifier=2, payload={"v": "other shard"})
     drain_outboxes()
-    assert calls.payloads() == [{"v": "future"}, {"v": "due"}]
+    # Shard 1 goes up to its future row; the due row behind it waits, in order.
+    assert sorted(p["v"] for p in calls.payloads()) == ["due first", "other shard"]
+    assert sorted(RegionOutbox.objects.values_list("object_identifier", flat=True)) == [2, 3]
+    assert not ShardLease.objects.exists()  # nothing holds or blocks the shard
+    RegionOutbox.objects.filter(object_identifier=2).update(scheduled_for=Now())
+    drain_outboxes()
+    assert [p["v"] for p in calls.payloads()][2:] == ["future", "due, waits"]
+
+
+def test_a_newer_future_row_of_a_group_is_not_delivered_with_it(calls):
+    later = timezone.now() + timedelta(hours=1)
+    RegionOutboxFactory(shard_identifier=1, object_identifier=1, payload={"v": 1})
+    RegionOutboxFactory(
+        shard_identifier=1, object_identifier=1, scheduled_for=later, payload={"v": 2}
+    )
+    drain_outboxes()
+    assert calls.payloads() == [{"v": 1}]
+    assert list(RegionOutbox.objects.values_list("payload", flat=True)) == [{"v": 2}]
 
 
 def test_message_without_receiver_is_kept(calls):

@@ -37,7 +37,12 @@ def test_status_reports_backlog_failures_and_back_off(failed_shard):
         json.loads(out.getvalue()), key=lambda t: t["table"] != "outbox.RegionOutbox"
     )
     assert (region["rows"], region["failing_rows"], region["backing_off_shards"]) == (2, 1, 1)
-    assert region["scopes"] == [{"scope": "ORGANIZATION", "rows": 2, "shards": 2}]
+    [scope] = region["scopes"]
+    assert {key: scope[key] for key in ("scope", "rows", "shards")} == {
+        "scope": "ORGANIZATION",
+        "rows": 2,
+        "shards": 2,
+    }
     assert (control["rows"], control["database"]) == (1, "control")
     text = io.StringIO()
     call_command("outbox_status", stdout=text)
@@ -57,7 +62,7 @@ def test_admin_lists_messages_and_retries_a_backed_off_shard(admin_client, faile
     assert admin_client.get(reverse("admin:outbox_controloutbox_changelist")).status_code == 200
     response = admin_client.post(
         reverse("admin:outbox_regionoutbox_changelist"),
-        {"action": "retry_now", "_selected_action": [failed_shard.pk]},
+        {"action": "retry_shards", "_selected_action": [failed_shard.pk]},
     )
     assert response.status_code == 302
     assert not ShardLease.objects.exists()
@@ -121,10 +126,15 @@ def test_retry_now_leaves_a_held_shard_alone_and_says_so(admin_client):
     assert Drainer(RegionOutbox).reserve(10, "elsewhere").shards
     response = admin_client.post(
         reverse("admin:outbox_regionoutbox_changelist"),
-        {"action": "retry_now", "_selected_action": [RegionOutbox.objects.get().pk]},
+        {"action": "retry_shards", "_selected_action": [RegionOutbox.objects.get().pk]},
         follow=True,
     )
-    [(level, text)] = action_messages(response)
+    [success, (level, text)] = action_messages(response)
+    assert success == (
+        messages.SUCCESS,
+        "Retried their shards now: 0 message(s), 0 back-off(s) "
+        "lifted; 1 shard(s) held by a worker left alone.",
+    )
     assert level == messages.WARNING and "held by a worker" in text
     assert ShardLease.objects.held().count() == 1
 
@@ -138,7 +148,7 @@ def test_lift_backoff_reports_what_it_did(admin_client):
         follow=True,
     )
     assert action_messages(response) == [
-        (messages.SUCCESS, "1 shard(s) may be retried now."),
+        (messages.SUCCESS, "1 shard(s) may be retried now; 0 message(s) due now."),
         (messages.WARNING, "1 shard(s) held by a worker: left alone."),
         (
             messages.WARNING,

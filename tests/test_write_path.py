@@ -5,6 +5,7 @@ around the INSERT, and the transaction's own queries see it; its shard is flushe
 commit. (The opt-in deferred writer is tested in tests/test_deferred.py.)
 """
 
+import pytest
 from django.db import transaction
 from django.db.models.signals import post_save, pre_save
 
@@ -84,3 +85,29 @@ def test_a_second_save_updates_the_row_it_inserted():
         row.payload = {"v": 2}
         row.save()
     assert list(RegionOutbox.objects.values_list("pk", "payload")) == [(row.pk, {"v": 2})]
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["saved at once", "deferred writer"])
+def test_messages_saved_is_sent_once_per_write_with_the_written_rows(defer):
+    from outbox.signals import messages_saved
+
+    seen = []
+
+    def saved(sender, rows, using, **kwargs):
+        seen.append((sender, [row.pk for row in rows], using))
+
+    messages_saved.connect(saved)
+    try:
+        with outbox_context(transaction.atomic(), flush=False, defer=defer):
+            one = RegionOutboxFactory()
+            many = RegionOutbox.objects.bulk_create(
+                [RegionOutboxFactory.build(object_identifier=n) for n in range(2)]
+            )
+    finally:
+        messages_saved.disconnect(saved)
+    pks = [one.pk, *(row.pk for row in many)]
+    assert None not in pks
+    if defer:  # written together as the block ends
+        assert seen == [(RegionOutbox, pks, "default")]
+    else:
+        assert seen == [(RegionOutbox, pks[:1], "default"), (RegionOutbox, pks[1:], "default")]

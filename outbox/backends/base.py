@@ -74,6 +74,7 @@ class Message:
     __slots__ = (
         "category",
         "date_added",
+        "delivered_to",
         "id",
         "object_identifier",
         "payload",
@@ -83,7 +84,14 @@ class Message:
         "shard_scope",
     )
 
-    def __init__(self, group: Group, payload: Any, date_added: Any, scheduled_for: Any) -> None:
+    def __init__(
+        self,
+        group: Group,
+        payload: Any,
+        date_added: Any,
+        scheduled_for: Any,
+        delivered_to: str = "",
+    ) -> None:
         self.id = group.newest_id
         self.region_name, self.shard_scope, self.shard_identifier = group.shard
         self.category = group.category
@@ -91,6 +99,7 @@ class Message:
         self.payload = payload
         self.date_added = date_added
         self.scheduled_for = scheduled_for
+        self.delivered_to = delivered_to
 
 
 class Group:
@@ -130,12 +139,19 @@ class Window:
 @dataclass(frozen=True)
 class FailedGroup:
     """A group whose receiver raised: when to retry each row, the error, and how long
-    its shard backs off (the delay of the shard's head row)."""
+    its shard backs off (the delay of the shard's head row).
+
+    `traceback` is the formatted traceback; `delivered_to` (JSON text, "" for none) lists
+    the receivers that succeeded for the group's newest row (the highest id in
+    `row_delays`), written on that row only. As a dead group, the delays are unused.
+    """
 
     shard: ShardKey
     row_delays: dict[int, float]
     error: str
     block_seconds: float
+    traceback: str = ""
+    delivered_to: str = ""
 
 
 @dataclass(frozen=True)
@@ -146,8 +162,9 @@ class Settlement:
     - `failed`: groups to reschedule; their shards keep a lease row without a holder
       until the back-off ends, so their later groups wait in order;
     - `release`: finished shards whose lease to drop (never a failed shard);
-    - `dead`: groups to move to the dead-letter state. An extension point: backends
-      without dead letters raise NotImplementedError when it is not empty.
+    - `dead`: groups to move to the dead-letter state: their rows are kept with
+      `dead_at` set, the attempt recorded as for a failure, and are never read or
+      claimed again; their shard goes on (release it, or keep delivering).
     """
 
     delivered: Mapping[ShardKey, Sequence[int]] = field(default_factory=dict)
@@ -193,9 +210,9 @@ class OutboxBackend(ABC):
     def claim(
         self, model: type[OutboxBase], lease: Lease, where: ShardFilter, limit: int
     ) -> list[ShardKey]:
-        """Lease up to `limit` shards of `model` that pass `where`, have a due row and no
-        live lease (held, or backing off), under `lease.token`, expiring `lease.seconds`
-        from now. Shards whose lease expired are taken over.
+        """Lease up to `limit` shards of `model` that pass `where`, whose oldest pending
+        (not dead) row is due, and that have no live lease (held, or backing off), under
+        `lease.token`, expiring `lease.seconds` from now. Shards whose lease expired are taken over.
 
         Must guarantee that no two claims win one shard, whatever runs concurrently,
         and that the lease is committed on return. Sets `lease.shards` to the shards
@@ -206,8 +223,10 @@ class OutboxBackend(ABC):
     def read_window(
         self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int
     ) -> Window:
-        """Read the first pending rows of `shards` (about `limit` in all, due or not: a
-        shard is delivered in order once its head is due), coalesced into groups.
+        """Read the first pending rows of `shards` (about `limit` in all), coalesced into
+        groups. Dead rows are never read. A shard is read in id order up to its first row
+        that is not due yet (its own `scheduled_for`): that row and the shard's later rows
+        wait, so nothing is delivered early and order is kept.
 
         Each group's `message` must carry the payload decoded the way Django decodes
         the model's payload field (its decoder, its converters). Shards that may hold
@@ -223,7 +242,9 @@ class OutboxBackend(ABC):
         `SettleResult.lost`; rows an operator removed meanwhile are not a lost lease.
         Failed rows get attempts + 1, first/last attempt times, the error and their
         own retry time; the shard's lease row loses its token and expires when the
-        shard may be retried. Returns the rows deleted and the shards lost.
+        shard may be retried. Dead groups get the same record plus `dead_at`, without a
+        back-off. Both write the traceback, and `delivered_to` on the newest row.
+        Returns the rows deleted and the shards lost.
         """
 
     @abstractmethod

@@ -9,21 +9,26 @@ from outbox.backends.base import Group
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
-Coalesced = tuple[dict[ShardKey, list[Group]], dict[Group, Sequence[Any]], dict[ShardKey, int]]
+Coalesced = tuple[
+    dict[ShardKey, list[Group]], dict[Group, Sequence[Any]], dict[ShardKey, int], set[ShardKey]
+]
 
 
 def coalesce(model: type[OutboxBase], rows: Sequence[Sequence[Any]]) -> Coalesced:
     """Group rows read in id order (within each shard) into coalescing groups.
 
-    Each row is the `shard_fields` values, then id, category, object_identifier and
-    attempts, then whatever else the caller read. Returns the groups per shard (in order
-    of their oldest row), each group's newest row, and the number of rows per shard.
+    Each row is the `shard_fields` values, then id, category, object_identifier,
+    attempts and whether the row is due, then whatever else the caller read. A shard
+    stops at its first row that is not due: that row and the shard's later rows wait
+    (the shard is "cut"). Returns the groups per shard (in order of their oldest row),
+    each group's newest row, the number of rows read per shard, and the shards cut.
     This loop runs once per row read, so it is kept tight.
     """
     width = len(model.shard_fields)
     groups: dict[ShardKey, list[Group]] = {}
     newest: dict[Group, Sequence[Any]] = {}
     read: dict[ShardKey, int] = {}
+    cut: set[ShardKey] = set()
     per_shard: dict[tuple[Any, ...], tuple[ShardKey, list[Group], dict[tuple[int, int], Group]]]
     per_shard = {}
     last_raw: tuple[Any, ...] = ()
@@ -40,6 +45,9 @@ def coalesce(model: type[OutboxBase], rows: Sequence[Sequence[Any]]) -> Coalesce
                 read[key] = 0
             shard, shard_groups, by_object = per_shard[raw]
         read[shard] += 1
+        if not row[width + 4] or shard in cut:
+            cut.add(shard)
+            continue
         object_key = (row[width + 1], row[width + 2])
         group = by_object.get(object_key)
         if group is None:
@@ -48,4 +56,4 @@ def coalesce(model: type[OutboxBase], rows: Sequence[Sequence[Any]]) -> Coalesce
         group.row_ids.append(row[width])
         group.attempts.append(row[width + 3])
         newest[group] = row  # the last row seen of a group is its newest
-    return groups, newest, read
+    return groups, newest, read, cut

@@ -22,7 +22,6 @@ from django.db.models import (
     Exists,
     ExpressionWrapper,
     F,
-    Min,
     OuterRef,
     Q,
     QuerySet,
@@ -84,6 +83,10 @@ class PortableBackend(OutboxBackend):
     def rows(self, model: type[OutboxBase]) -> QuerySet[Any]:
         return cast("QuerySet[Any]", model._default_manager.using(self.using))
 
+    def pending(self, model: type[OutboxBase]) -> QuerySet[Any]:
+        """Rows the drain may deliver: dead letters are never read or claimed."""
+        return cast("QuerySet[Any]", self.rows(model).filter(dead_at__isnull=True))
+
     def shard_of_row(self, model: type[OutboxBase]) -> dict[str, Any]:
         """Lookups matching a lease row to the outer outbox row's shard."""
         refs: dict[str, Any] = {name: OuterRef(name) for name in model.shard_fields}
@@ -109,8 +112,11 @@ class PortableBackend(OutboxBackend):
         return lease.shards
 
     def due_shards(self, model: type[OutboxBase], where: ShardFilter, limit: int) -> list[ShardKey]:
-        """Shards with a due row and no live lease, oldest head first."""
-        due = self.rows(model).filter(scheduled_for__lte=Now())
+        """Shards whose head (oldest pending row) is due and that have no live lease,
+        oldest head first."""
+        shard = {name: OuterRef(name) for name in model.shard_fields}
+        before = self.pending(model).filter(**shard, id__lt=OuterRef("id"))
+        due = self.pending(model).filter(~Exists(before), scheduled_for__lte=Now())
         if where.shards is not None:
             due = due.filter(any_of([Q(**model.shard_lookup(key)) for key in where.shards]))
         if where.scopes:
@@ -118,13 +124,8 @@ class PortableBackend(OutboxBackend):
         if where.identifiers:
             due = due.filter(shard_identifier__in=where.identifiers)
         live = self.leases(model).live().filter(**self.shard_of_row(model))
-        heads = (
-            due.filter(~Exists(live))
-            .values(*model.shard_fields)
-            .annotate(head=Min("id"))
-            .order_by("head")[:limit]
-        )
-        return [model.shard_key_of([head[name] for name in model.shard_fields]) for head in heads]
+        heads = due.filter(~Exists(live)).order_by("id").values_list(*model.shard_fields)
+        return [model.shard_key_of(head) for head in heads[:limit]]
 
     def take(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
         """Lease whichever of `shards` are free or expired; a live lease stays."""
@@ -155,12 +156,13 @@ class PortableBackend(OutboxBackend):
         self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int
     ) -> Window:
         selectors = [Q(**model.shard_lookup(key)) for key in shards]
-        columns = (*model.shard_fields, "id", "category", "object_identifier", "attempts")
-        read = self.rows(model).filter(any_of(selectors)).order_by("id")
+        columns = (*model.shard_fields, "id", "category", "object_identifier", "attempts", "due")
+        due = Case(When(scheduled_for__lte=Now(), then=True), default=False)
+        read = self.pending(model).filter(any_of(selectors)).annotate(due=due).order_by("id")
         rows = list(read.values_list(*columns)[:limit])
-        groups, _, _ = coalesce(model, rows)
+        groups, _, _, cut = coalesce(model, rows)
         # One window for all shards: when it is full, any shard may continue past it.
-        incomplete = set(shards) if len(rows) >= limit else set()
+        incomplete = set(shards) - cut if len(rows) >= limit else set()
         newest_ids = [group.newest_id for shard_groups in groups.values() for group in shard_groups]
         # Model instances: the payload is decoded by its own field. One query (in_bulk
         # would split it into batches on SQLite).
@@ -173,14 +175,13 @@ class PortableBackend(OutboxBackend):
     # -- settle -------------------------------------------------------------------------
 
     def settle(self, model: type[OutboxBase], lease: Lease, settlement: Settlement) -> SettleResult:
-        if settlement.dead:
-            raise NotImplementedError("the portable backend has no dead letters yet")
         # Each statement is guarded by the lease and commits on its own, so stopping
         # between them leaves nothing inconsistent: a lease kept expires, a rescheduled
         # row waits for its time. (One transaction would, when the connection dies, be
         # closed and reconnected by Django, releasing leases the engine meant to keep.)
         deleted, lost = self.retire(model, lease, settlement)
         self.reschedule(model, lease, [f for f in settlement.failed if f.shard not in lost])
+        self.bury(model, lease, [f for f in settlement.dead if f.shard not in lost])
         self.release(model, lease, [key for key in settlement.release if key not in lost])
         return SettleResult(deleted, frozenset(lost))
 
@@ -211,15 +212,12 @@ class PortableBackend(OutboxBackend):
             for failure in failures
             for row_id, delay in failure.row_delays.items()
         ]
-        errors = [When(id__in=list(f.row_delays), then=Value(f.error)) for f in failures]
-        row_ids = [row_id for failure in failures for row_id in failure.row_delays]
-        self.rows(model).filter(id__in=row_ids).filter(self.ours(model, lease)).update(
-            attempts=F("attempts") + 1,
+        self.record_attempt(
+            model,
+            lease,
+            failures,
             scheduled_from=Now(),
             scheduled_for=Case(*retry_at, output_field=DateTimeField()),
-            first_attempt_at=Coalesce(F("first_attempt_at"), Now()),
-            last_attempt_at=Now(),
-            last_error=Case(*errors, default=F("last_error"), output_field=TextField()),
         )
         # The lease row stays, without a token, until the shard may be retried: its
         # later groups wait out the back-off of its head.
@@ -227,6 +225,41 @@ class PortableBackend(OutboxBackend):
         self.leases(model).with_token(lease.token).filter(
             any_of([lease_key(failure.shard) for failure in failures])
         ).update(token=None, expires_at=Case(*backoff, output_field=DateTimeField()))
+
+    def bury(self, model: type[OutboxBase], lease: Lease, dead: Sequence[FailedGroup]) -> None:
+        """Record the last attempt on each row of the dead groups and mark them dead."""
+        if dead:
+            self.record_attempt(model, lease, dead, dead_at=Now())
+
+    def record_attempt(
+        self,
+        model: type[OutboxBase],
+        lease: Lease,
+        failures: Sequence[FailedGroup],
+        **changes: Any,
+    ) -> None:
+        """One UPDATE of the failed rows of held shards: attempts, times, error,
+        traceback, and the receivers that succeeded (on each group's newest row)."""
+
+        def per_group(attribute: str, column: str) -> Case:
+            whens = [
+                When(id__in=list(f.row_delays), then=Value(getattr(f, attribute))) for f in failures
+            ]
+            return Case(*whens, default=F(column), output_field=TextField())
+
+        newest = [
+            When(id=max(f.row_delays), then=Value(f.delivered_to)) for f in failures if f.row_delays
+        ]
+        row_ids = [row_id for failure in failures for row_id in failure.row_delays]
+        self.rows(model).filter(id__in=row_ids).filter(self.ours(model, lease)).update(
+            attempts=F("attempts") + 1,
+            first_attempt_at=Coalesce(F("first_attempt_at"), Now()),
+            last_attempt_at=Now(),
+            last_error=per_group("error", "last_error"),
+            last_traceback=per_group("traceback", "last_traceback"),
+            delivered_to=Case(*newest, default=F("delivered_to"), output_field=TextField()),
+            **changes,
+        )
 
     # -- leases -------------------------------------------------------------------------
 

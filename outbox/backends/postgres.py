@@ -101,18 +101,36 @@ def bound_params(prefix: str, key: ShardKey) -> dict[str, Any]:
     }
 
 
+def attempt_rows(settlement: Settlement) -> dict[str, Any]:
+    """The failed and dead rows as parallel arrays: id, delay, error, traceback, the
+    receivers done (newest row of a group only, else NULL) and whether it is dead."""
+    groups = [(f, False) for f in settlement.failed] + [(f, True) for f in settlement.dead]
+    rows = [
+        (row_id, delay, f.error, f.traceback, f.delivered_to if row_id == newest else None, dead)
+        for f, dead in groups
+        for newest in [max(f.row_delays, default=0)]
+        for row_id, delay in f.row_delays.items()
+    ]
+    columns = list(zip(*rows, strict=True)) if rows else [(), (), (), (), (), ()]
+    return {
+        "failed": int_array(columns[0]),
+        "delays": list(columns[1]),
+        "errors": list(columns[2]),
+        "tracebacks": list(columns[3]),
+        "done": list(columns[4]),
+        "dead": list(columns[5]),
+    }
+
+
 def settle_params(model: type[OutboxBase], lease: Lease, settlement: Settlement) -> dict[str, Any]:
     delivered, failed = settlement.delivered, settlement.failed
-    failed_rows = [(i, delay, f.error) for f in failed for i, delay in f.row_delays.items()]
     return {
         "label": model._meta.label_lower,
         "token": lease.token,
         "delivered": int_array([row_id for ids in delivered.values() for row_id in ids]),
         "delivered_shards": len(delivered),
         **key_params("d", list(delivered)),
-        "failed": int_array([row[0] for row in failed_rows]),
-        "delays": [row[1] for row in failed_rows],
-        "errors": [row[2] for row in failed_rows],
+        **attempt_rows(settlement),
         **key_params("b", [f.shard for f in failed]),
         "b_delays": [f.block_seconds for f in failed],
         **key_params("r", settlement.release),
@@ -189,13 +207,15 @@ class PostgresBackend(OutboxBackend):
         # cost follows the rows read and not the size of the shards.
         per_shard = max(limit // max(len(shards), 1), 100)
         rows = self._fetch(statements(model).read_window, [*key_arrays(shards), per_shard])
-        groups, newest, read = coalesce(model, rows)
+        groups, newest, read, cut = coalesce(model, rows)
         decode = self._decoder(model)
-        message_at = len(model.shard_fields) + 4
+        message_at = len(model.shard_fields) + 5
         for group, row in newest.items():
-            payload, date_added, scheduled_for = row[message_at:]
-            group.message = Message(group, decode(payload), date_added, scheduled_for)
-        incomplete = {shard for shard, count in read.items() if count >= per_shard}
+            payload, date_added, scheduled_for, done = row[message_at:]
+            group.message = Message(group, decode(payload), date_added, scheduled_for, done)
+        # A shard cut before a row not yet due was read to its end for now; the SQL drops
+        # the rows past the cut, so its count falls short of a full share.
+        incomplete = {shard for shard, count in read.items() if count >= per_shard} - cut
         return Window(groups, incomplete)
 
     def _decoder(self, model: type[OutboxBase]) -> Callable[[Any], Any]:
@@ -205,15 +225,14 @@ class PostgresBackend(OutboxBackend):
         return self._decoders[model]
 
     def settle(self, model: type[OutboxBase], lease: Lease, settlement: Settlement) -> SettleResult:
-        if settlement.dead:
-            raise NotImplementedError("the PostgreSQL backend has no dead letters yet")
-        if not (settlement.delivered or settlement.failed or settlement.release):
+        if not (settlement.delivered or settlement.failed or settlement.dead or settlement.release):
             return SettleResult()
         deleted, held = self._settle(model, lease, settlement)
         lost = frozenset(key for key in settlement.delivered if key not in held)
         if lost:
             # Some lease was lost, so nothing was deleted or released: settle the held
-            # shards again on their own (failures were already recorded where held).
+            # shards again on their own (failures and dead letters were already recorded
+            # where held).
             retry = Settlement(
                 delivered={k: ids for k, ids in settlement.delivered.items() if k not in lost},
                 release=[key for key in settlement.release if key not in lost],

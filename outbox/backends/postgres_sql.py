@@ -76,13 +76,14 @@ class _Renderer:
         return f"unnest({arrays}) AS {alias}({', '.join(LEASE_KEY)})"
 
     def due_filter(self, alias: str) -> str:
-        """A walked or given shard has a due row, no live lease, and passes the filters."""
+        """A walked or given shard's head (its oldest pending row) is due, it has no live
+        lease, and it passes the filters. Dead rows are skipped: they never block."""
         # OFFSET 0 keeps each check a correlated probe of its index: turned into a join,
         # the planner (expecting a single shard) may rescan the lease table per shard.
         return f"""
-            EXISTS (SELECT 1 FROM {self.table} o
-                    WHERE {self.same_shard("o", alias)} AND o."scheduled_for" <= now()
-                    OFFSET 0)
+            (SELECT o."scheduled_for" <= now() FROM {self.table} o
+                    WHERE {self.same_shard("o", alias)} AND o."dead_at" IS NULL
+                    ORDER BY o."id" LIMIT 1)
             AND NOT EXISTS (SELECT 1 FROM {self.lease} l
                     WHERE l."outbox" = %(label)s AND {self.same_lease("l", alias)}
                       AND l."expires_at" > now()
@@ -166,8 +167,9 @@ class _Renderer:
             SELECT * FROM retaken UNION ALL SELECT * FROM fresh"""
 
     def read_window(self) -> str:
-        """Payload and times are sent only for the newest row of each group: the others
-        are coalesced away and cost nothing to transfer or decode."""
+        """Payload, times and receivers done go only with each group's newest row: the
+        others cost nothing to transfer or decode. Dead rows are never read; a shard stops
+        before its first row not yet due (`before_cut`), which is no group's newest."""
         cols = ", ".join(f"r.{column}" for column in self.cols)
         newest = 'r."id" = max(r."id") OVER newest_of_group'
         times = [
@@ -178,13 +180,19 @@ class _Renderer:
         ]
         return f"""
             SELECT {cols}, r."id", r."category", r."object_identifier", r."attempts",
-                CASE WHEN {newest} THEN r."payload" END, {", ".join(times)}
-            FROM {self.unnest_keys("k")}
-            CROSS JOIN LATERAL (
-                SELECT * FROM {self.table} o
-                WHERE {self.same_shard("o", "k")}
-                ORDER BY o."id" LIMIT %s
+                r.before_cut, CASE WHEN {newest} THEN r."payload" END,
+                {", ".join(times)}, CASE WHEN {newest} THEN r."delivered_to" END
+            FROM (
+                SELECT s.*, bool_and(s."scheduled_for" <= now())
+                    OVER (PARTITION BY {self.row_cols("s")} ORDER BY s."id") AS before_cut
+                FROM {self.unnest_keys("k")}
+                CROSS JOIN LATERAL (
+                    SELECT * FROM {self.table} o
+                    WHERE {self.same_shard("o", "k")} AND o."dead_at" IS NULL
+                    ORDER BY o."id" LIMIT %s
+                ) s
             ) r
+            WHERE r.before_cut
             WINDOW newest_of_group AS (PARTITION BY {cols}, r."category", r."object_identifier")
             ORDER BY {cols}, r."id\""""
 
@@ -220,7 +228,9 @@ class _Renderer:
             )"""
 
     def settle_rows(self) -> str:
-        """Delete the delivered rows; record a failed attempt on the failed ones."""
+        """Delete the delivered rows; record a failed attempt on the failed and the dead
+        ones (with their retry time, or `dead_at`), and on a group's newest row the
+        receivers already done (NULL: keep)."""
         return f"""
             gone AS (
                 DELETE FROM {self.table} o
@@ -231,10 +241,13 @@ class _Renderer:
                 UPDATE {self.table} o
                 SET "attempts" = o."attempts" + 1, "scheduled_from" = now(),
                     "scheduled_for" = now() + f.delay * interval '1 second',
+                    "dead_at" = CASE WHEN f.dead THEN now() END,
                     "first_attempt_at" = COALESCE(o."first_attempt_at", now()),
-                    "last_attempt_at" = now(), "last_error" = f.error
-                FROM unnest(%(failed)s::bigint[], %(delays)s::float8[], %(errors)s::text[])
-                    AS f(id, delay, error)
+                    "last_attempt_at" = now(), "last_error" = f.error, "last_traceback" = f.tb,
+                    "delivered_to" = COALESCE(f.done, o."delivered_to")
+                FROM unnest(%(failed)s::bigint[], %(delays)s::float8[], %(errors)s::text[],
+                            %(tracebacks)s::text[], %(done)s::text[], %(dead)s::boolean[])
+                    AS f(id, delay, error, tb, done, dead)
                 WHERE o."id" = f.id
                   AND EXISTS (SELECT 1 FROM held h WHERE {self.same_shard("o", "h")})
                 RETURNING 1

@@ -1,29 +1,57 @@
-"""Calling the receivers of one coalescing group, and what a failure of theirs means."""
+"""Calling the receivers of one coalescing group, each on its own.
+
+Every receiver of a category runs for a message even when another one raises. The
+receivers that succeeded are reported with the failure, so that the retry of the same
+newest row skips them; the happy path records nothing. Transactional receivers run
+together inside the transaction that deletes the rows: one failure rolls them all
+back, so none of them counts as done.
+"""
 
 from __future__ import annotations
 
-import logging
-import traceback
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.dispatch import Signal
 
-from outbox.backends.base import FailedGroup, Group
+from outbox.backends.base import Group
 from outbox.categories import OutboxCategory, registry
-from outbox.engine.backoff import retry_delay
 from outbox.exceptions import NoReceiver, OutboxError
+from outbox.internals import live_receivers
 from outbox.models import OutboxBase
 from outbox.signals import is_transactional
-
-logger = logging.getLogger("outbox.engine")
-
-_ERROR_LIMIT = 4000
 
 
 class LeaseLost(OutboxError):
     """Raised inside a transactional delivery to roll the receiver's writes back."""
+
+
+class DeliveryFailed(OutboxError):
+    """Some receivers of a message raised. `errors` holds (receiver id, exception) per
+    failing receiver; `delivered_to` every receiver id done for this newest row, those
+    of earlier attempts included."""
+
+    def __init__(self, errors: list[tuple[str, Exception]], delivered_to: list[str]) -> None:
+        super().__init__("; ".join(f"{name}: {exc!r}" for name, exc in errors))
+        self.errors = errors
+        self.delivered_to = delivered_to
+
+
+def receiver_id(receiver: Callable[..., Any]) -> str:
+    """A receiver's stable name across processes: `module.qualname`."""
+    target = getattr(receiver, "__func__", receiver)
+    module = getattr(target, "__module__", None) or type(target).__module__
+    qualname = getattr(target, "__qualname__", None) or type(target).__qualname__
+    return f"{module}.{qualname}"
+
+
+def done_before(message: Any) -> frozenset[str]:
+    """The receivers a failed earlier attempt recorded as done for this very row."""
+    recorded = getattr(message, "delivered_to", "") or ""
+    return frozenset(json.loads(recorded)) if recorded else frozenset()
 
 
 def send(model: type[OutboxBase], group: Group, retire: Callable[[], bool], using: str) -> bool:
@@ -31,47 +59,66 @@ def send(model: type[OutboxBase], group: Group, retire: Callable[[], bool], usin
 
     Returns True when the group's rows were already deleted, inside the receivers'
     own transaction (transactional receivers); False when the caller must retire them.
-    Raises whatever a receiver raised; a category with no receiver raises NoReceiver.
+    Raises DeliveryFailed when a receiver raised (after the others ran); a category with
+    no receiver raises NoReceiver.
     """
     category = registry.category(group.category)
     signal = model.process_signal
     kwargs = model.message_kwargs(group.message)
     if not is_transactional(signal, category):
-        _send(signal, category, kwargs)
+        _send(signal, category, kwargs, done_before(group.message), robust=True)
         return False
-    with transaction.atomic(using=using):
-        _send(signal, category, kwargs)
-        if not retire():
-            raise LeaseLost(f"lease of shard {group.shard} was lost")
+    try:
+        with transaction.atomic(using=using):
+            _send(signal, category, kwargs, frozenset(), robust=False)
+            if not retire():
+                raise LeaseLost(f"lease of shard {group.shard} was lost")
+    except DeliveryFailed as failed:
+        # Rolled back: nothing any of them did counts.
+        raise DeliveryFailed(failed.errors, []) from None
     return True
 
 
-def _send(signal: Signal, category: OutboxCategory, kwargs: dict[str, Any]) -> None:
-    # An empty response list means no receiver ran: never count that as delivered.
-    if not signal.send(sender=category, **kwargs):
+def _send(
+    signal: Signal,
+    category: OutboxCategory,
+    kwargs: dict[str, Any],
+    done: frozenset[str],
+    *,
+    robust: bool,
+) -> None:
+    receivers = _receivers(signal, category)
+    # No receiver connected: never count that as delivered.
+    if not receivers:
         raise NoReceiver(f"no receiver is connected for category {category.name}")
+    succeeded = list(done)
+    errors: list[tuple[str, Exception]] = []
+    for name, call in receivers:
+        if name in done:
+            continue
+        try:
+            call(signal=signal, sender=category, **kwargs)
+        except Exception as exc:
+            errors.append((name, exc))
+            if not robust:
+                break
+        else:
+            succeeded.append(name)
+    if errors:
+        raise DeliveryFailed(errors, succeeded)
 
 
-def failure(model: type[OutboxBase], group: Group, exc: Exception) -> FailedGroup:
-    """Log a receiver failure; the group's rows retry after their own back-off, and the
-    shard waits for its head row's."""
-    error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:_ERROR_LIMIT]
-    delays = {
-        row_id: retry_delay(attempts + 1)
-        for row_id, attempts in zip(group.row_ids, group.attempts, strict=True)
-    }
-    logger.warning(
-        "outbox receiver failed for shard %s category %s object %s: %s",
-        group.shard,
-        group.category,
-        group.object_identifier,
-        error,
-        extra={
-            "event": "outbox.delivery_failed",
-            "outbox": model._meta.label,
-            "shard": str(group.shard),
-            "category": group.category,
-            "attempts": group.attempts[0] + 1,
-        },
-    )
-    return FailedGroup(group.shard, delays, error, delays[group.row_ids[0]])
+def _receivers(signal: Signal, category: OutboxCategory) -> list[tuple[str, Callable[..., Any]]]:
+    """The live receivers for `category`, sync ones first, as `send_robust` orders them.
+
+    Django has no public way to call receivers one by one and skip some: see
+    `outbox.internals.live_receivers`.
+    """
+    if not signal.receivers:
+        return []
+    sync_receivers, async_receivers = live_receivers(signal, category)
+    calls: Iterable[tuple[str, Callable[..., Any]]] = [
+        *((receiver_id(r), r) for r in sync_receivers),
+        *((receiver_id(r), async_to_sync(r)) for r in async_receivers),
+    ]
+    return list(calls)

@@ -4,7 +4,9 @@ A batch is: claim due shards (committed), read a window of their rows, call rece
 outside any transaction, then settle the round (delete the delivered rows, reschedule
 the failed ones, release finished shards) in one statement on the fast path, guarded by
 the lease. A shard stops at its first failing group, so its later groups keep waiting
-in order. Every database operation goes through the backend (`outbox.backends.base`).
+in order; a group given up as a dead letter is kept aside and its shard goes on. A shard
+also stops at its first row that is not due yet (the backend cuts its read there). Every
+database operation goes through the backend (`outbox.backends.base`).
 """
 
 from __future__ import annotations
@@ -15,25 +17,24 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
 
 from django.db import connections, router
 
 import outbox.engine.delivery as delivery
+import outbox.engine.events as events
 from outbox.backends import get_backend
 from outbox.backends.base import Group, Lease, Settlement, ShardFilter, Window
-from outbox.backends.errors import is_transient_lock_error
 from outbox.conf import outbox_settings
+from outbox.engine.failures import judge
 from outbox.engine.keeper import Holding, LeaseKeeper
+from outbox.engine.rounds import cut_at_bounds, retrying
 from outbox.engine.stats import DrainStats, Round
-from outbox.exceptions import DrainInTransaction, NoReceiver
+from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
 logger = logging.getLogger("outbox.engine")
-
-_T = TypeVar("_T")
 
 
 class Drainer:
@@ -71,7 +72,9 @@ class Drainer:
             stats.add(batch)
             # A batch whose shards all came back empty (drained by someone else a moment
             # ago) is no progress; never spin on those.
-            progressed = batch.receiver_calls or batch.rows_retired or batch.failures
+            progressed = (
+                batch.receiver_calls or batch.rows_retired or batch.failures or batch.dead_lettered
+            )
             idle_rounds = 0 if progressed else idle_rounds + 1
             if idle_rounds >= 3:
                 break
@@ -107,7 +110,7 @@ class Drainer:
     def unreserve(self, token: str, shards: Sequence[ShardKey]) -> None:
         """Release `shards` where the reservation `token` still holds them."""
         lease = Lease(token, self.holder, self._lease_seconds(), list(shards))
-        self._retrying(lambda: self.backend.release(self.model, lease, lease.shards))
+        retrying(lambda: self.backend.release(self.model, lease, lease.shards))
 
     def _claim(self, lease: Lease, limit: int, shards: tuple[ShardKey, ...] | None = None) -> Lease:
         """Claim up to `limit` shards (of `shards`, if given) passing this drainer's
@@ -118,7 +121,7 @@ class Drainer:
             identifiers=tuple(self.identifiers) if self.identifiers else None,
             after=self._cursor if shards is None else None,
         )
-        self._retrying(lambda: self.backend.claim(self.model, lease, where, limit))
+        retrying(lambda: self.backend.claim(self.model, lease, where, limit))
         if shards is None and lease.shards:
             self._cursor = lease.shards[-1]
         return lease
@@ -149,7 +152,7 @@ class Drainer:
         try:
             while active and not self.stop.is_set():
                 window = self.backend.read_window(self.model, active, self._window_rows())
-                reached = _cut_at_bounds(window, bounds) if bounds else set()
+                reached = cut_at_bounds(window, bounds) if bounds else set()
                 round_ = Round()
                 try:
                     self._deliver(window, holding, round_)
@@ -176,7 +179,7 @@ class Drainer:
         if not lease.shards:
             return
         try:
-            self._retrying(lambda: self.backend.release(self.model, lease, lease.shards))
+            retrying(lambda: self.backend.release(self.model, lease, lease.shards))
             lease.shards = []
         except Exception:
             # The leases expire by themselves; the error that brought us here matters more.
@@ -203,14 +206,14 @@ class Drainer:
         meanwhile are lost: their rows, read before, may be delivered and gone already."""
         if not holding.renewal_overdue(time.monotonic()):
             return
-        held = self._retrying(lambda: self.backend.renew(self.model, holding.lease))
+        held = retrying(lambda: self.backend.renew(self.model, holding.lease))
         holding.renewed_at = time.monotonic()
         holding.lost.update(key for key in holding.lease.shards if key not in held)
 
     def _deliver_group(self, group: Group, holding: Holding, round_: Round) -> bool:
         """Deliver one group; False when its shard must stop here."""
         lease = holding.lease
-        holding.receiver_started = time.monotonic()
+        started = holding.receiver_started = time.monotonic()
         try:
             retired_inline = delivery.send(
                 self.model,
@@ -222,20 +225,23 @@ class Drainer:
             round_.receiver_calls += 1
             round_.lost.add(group.shard)
             return False
-        except NoReceiver as exc:
-            round_.failures.append(delivery.failure(self.model, group, exc))
-            return False
         except Exception as exc:
-            round_.receiver_calls += 1
-            round_.failures.append(delivery.failure(self.model, group, exc))
-            return False
+            round_.receiver_calls += isinstance(exc, delivery.DeliveryFailed)
+            return self._failed(group, exc, round_)
         finally:
             holding.receiver_started = None
         round_.receiver_calls += 1
         round_.groups_delivered += 1
         if not retired_inline:
             round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
+        events.processed(self.model, group, time.monotonic() - started, self.using)
         return True
+
+    def _failed(self, group: Group, exc: Exception, round_: Round) -> bool:
+        """Record a failed group; True when its shard goes on (the group is dead)."""
+        failed, dead = judge(self.model, group, exc, self.using)
+        (round_.dead if dead else round_.failures).append(failed)
+        return dead
 
     def _retire_now(
         self, lease: Lease, row_ids: dict[ShardKey, list[int]], round_: Round
@@ -247,47 +253,10 @@ class Drainer:
         return set(settled.lost)
 
     def _settle(self, lease: Lease, round_: Round, done: list[ShardKey], stats: DrainStats) -> None:
-        settlement = Settlement(delivered=round_.delivered, failed=round_.failures, release=done)
-        settled = self._retrying(lambda: self.backend.settle(self.model, lease, settlement))
-        for key in settled.lost:
-            logger.warning(
-                "outbox lease lost on shard %s before its delete; it will be redelivered",
-                key,
-                extra={
-                    "event": "outbox.lease_lost",
-                    "outbox": self.model._meta.label,
-                    "shard": str(key),
-                },
-            )
+        settlement = Settlement(
+            delivered=round_.delivered, failed=round_.failures, release=done, dead=round_.dead
+        )
+        settled = retrying(lambda: self.backend.settle(self.model, lease, settlement))
         round_.lost.update(settled.lost)
+        events.leases_lost(self.model, round_.lost, self.using)
         round_.add_to(stats, settled.deleted)
-
-    @staticmethod
-    def _retrying(operation: Callable[[], _T]) -> _T:
-        """Run a short engine statement, retrying deadlocks and lock timeouts."""
-        for attempt in range(5):
-            try:
-                return operation()
-            except Exception as exc:
-                if attempt == 4 or not is_transient_lock_error(exc):
-                    raise
-                time.sleep(0.01 * 2**attempt)
-        raise AssertionError("unreachable")
-
-
-def _cut_at_bounds(window: Window, bounds: Mapping[ShardKey, int | None]) -> set[ShardKey]:
-    """A flush delivers the groups whose oldest pending row is at most its shard's bound
-    (the newest row its transaction wrote), each with its newest payload even when that
-    row came later; it stops at the first group that began after the bound, so a busy
-    shard cannot keep the request flushing. Returns the shards cut there: done."""
-    reached = set()
-    for shard, groups in window.shards.items():
-        bound = bounds.get(shard)
-        if bound is None:
-            continue
-        for index, group in enumerate(groups):
-            if group.row_ids[0] > bound:
-                del groups[index:]
-                reached.add(shard)
-                break
-    return reached

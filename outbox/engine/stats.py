@@ -14,20 +14,27 @@ class DrainStats:
     receiver_calls: int = 0
     groups_delivered: int = 0
     rows_retired: int = 0
-    failures: int = 0
+    failures: int = 0  # failed deliveries kept for a retry
+    dead_lettered: int = 0  # messages given up as dead letters
     leases_lost: int = 0
     seconds: float = 0.0
-    failed_shards: list[str] = field(default_factory=list)
+    failed_keys: list[ShardKey] = field(default_factory=list)
 
     @property
     def coalesced(self) -> int:
         """Rows retired without a receiver call of their own (older rows of a group)."""
         return max(self.rows_retired - self.groups_delivered, 0)
 
+    @property
+    def failed_shards(self) -> list[str]:
+        """The shards that failed and wait for a retry, once each, in shard key order
+        (numeric, not text: shard 2 before shard 10)."""
+        return [str(key) for key in sorted(set(self.failed_keys))]
+
     def add(self, other: DrainStats) -> None:
         for item in fields(self):
-            if item.name == "failed_shards":
-                self.failed_shards.extend(other.failed_shards)
+            if item.name == "failed_keys":
+                self.failed_keys.extend(other.failed_keys)
             elif item.name != "seconds":
                 setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
 
@@ -35,8 +42,8 @@ class DrainStats:
         return (
             f"shards {self.shards}, receiver calls {self.receiver_calls}, "
             f"rows retired {self.rows_retired} ({self.coalesced} coalesced), "
-            f"failures {self.failures}, leases lost {self.leases_lost}, "
-            f"{self.seconds:.2f}s"
+            f"failures {self.failures}, dead-lettered {self.dead_lettered}, "
+            f"leases lost {self.leases_lost}, {self.seconds:.2f}s"
         )
 
 
@@ -46,6 +53,7 @@ class Round:
 
     delivered: dict[ShardKey, list[int]] = field(default_factory=dict)
     failures: list[FailedGroup] = field(default_factory=list)
+    dead: list[FailedGroup] = field(default_factory=list)
     lost: set[ShardKey] = field(default_factory=set)
     receiver_calls: int = 0
     groups_delivered: int = 0
@@ -57,5 +65,6 @@ class Round:
         stats.groups_delivered += self.groups_delivered
         stats.rows_retired += deleted + self.retired_inline
         stats.failures += len(self.failures)
+        stats.dead_lettered += len(self.dead)
         stats.leases_lost += len(self.lost)
-        stats.failed_shards.extend(str(failure.shard) for failure in self.failures)
+        stats.failed_keys.extend(failure.shard for failure in self.failures)

@@ -29,6 +29,7 @@ from typing import ClassVar
 from django.db import InterfaceError, OperationalError, connections, router
 
 from outbox.conf import outbox_settings
+from outbox.engine.drain import drain_outboxes
 from outbox.engine.drainer import Drainer
 from outbox.engine.stats import DrainStats
 from outbox.exceptions import DrainInTransaction
@@ -39,26 +40,6 @@ logger = logging.getLogger("outbox.engine")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _POLL_SECONDS = 0.05
-
-
-def drain_outboxes(
-    models: Sequence[type[OutboxBase]] | None = None,
-    *,
-    using: str | None = None,
-    scopes: Sequence[int] | None = None,
-    identifiers: Sequence[int] | None = None,
-    deadline: float | None = None,
-    stop: threading.Event | None = None,
-) -> DrainStats:
-    """Drain every due shard of the given tables (all of them by default) once, in the
-    calling thread: no thread, no signals, no graceful timeout."""
-    stats = DrainStats()
-    for model in models or outbox_models():
-        drainer = Drainer(model, using, scopes=scopes, identifiers=identifiers, stop=stop)
-        result = drainer.drain(deadline=deadline)
-        stats.add(result)
-        stats.seconds += result.seconds
-    return stats
 
 
 @dataclass(frozen=True)
@@ -103,6 +84,8 @@ class DrainWorker:
         progress_every: float = 0.0,
         on_progress: Callable[[DrainStats, float], None] | None = None,
         on_stop: Callable[[StopRequest], None] | None = None,
+        heartbeat_every: float = 0.0,
+        on_heartbeat: Callable[[DrainStats, float], None] | None = None,
     ) -> None:
         self.models = list(models) if models else None  # None: every table, found at run
         self.using = using
@@ -113,6 +96,11 @@ class DrainWorker:
         self.progress_every = progress_every
         self.on_progress = on_progress
         self.on_stop = on_stop
+        # Called from the waiting thread every `heartbeat_every` seconds, busy or idle,
+        # with the running totals: a long-running loop says it is alive.
+        self.heartbeat_every = heartbeat_every
+        self.on_heartbeat = on_heartbeat
+        self._total = DrainStats()
         # A fan-out task's shards of its one table; their reservation is given back first.
         self.shards = list(shards) if shards is not None else None
         self.reservation = reservation
@@ -197,9 +185,14 @@ class DrainWorker:
     def _wait(self, thread: threading.Thread, deadline: float | None) -> DrainOutcome:
         outcome = DrainOutcome()
         seen = 0
+        started = next_beat = time.monotonic()
         while thread.is_alive():
             thread.join(_POLL_SECONDS)
             seen = self._take_requests(seen, outcome)
+            if self.on_heartbeat and self.heartbeat_every and time.monotonic() >= next_beat:
+                if next_beat > started:  # not at the very start
+                    self.on_heartbeat(self._total, time.monotonic() - started)
+                next_beat += self.heartbeat_every
             if deadline is not None and time.monotonic() >= deadline:
                 self._stop.set()
             if thread.is_alive() and self._grace_over():
@@ -259,7 +252,7 @@ class DrainWorker:
         """Drain once, or with `loop` until stopped, in slices no longer than the
         progress interval so progress can be reported between them."""
         started = time.monotonic()
-        total = DrainStats()
+        total = self._total = DrainStats()
         while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
             slice_end = time.monotonic() + self.progress_every if self.progress_every else None
             if deadline is not None:

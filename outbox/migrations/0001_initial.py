@@ -44,6 +44,16 @@ class Migration(migrations.Migration):
                 ("first_attempt_at", models.DateTimeField(blank=True, null=True)),
                 ("last_attempt_at", models.DateTimeField(blank=True, null=True)),
                 ("last_error", models.TextField(blank=True, default="")),
+                ("last_traceback", models.TextField(blank=True, db_default="", default="")),
+                ("delivered_to", models.TextField(blank=True, db_default="", default="")),
+                (
+                    "dead_at",
+                    models.DateTimeField(
+                        blank=True,
+                        help_text="When the row became a dead letter (attempts exhausted or a permanent failure); dead rows are never delivered and never block their shard.",
+                        null=True,
+                    ),
+                ),
                 ("region_name", models.CharField(max_length=48)),
             ],
             options={
@@ -90,6 +100,16 @@ class Migration(migrations.Migration):
                 ("first_attempt_at", models.DateTimeField(blank=True, null=True)),
                 ("last_attempt_at", models.DateTimeField(blank=True, null=True)),
                 ("last_error", models.TextField(blank=True, default="")),
+                ("last_traceback", models.TextField(blank=True, db_default="", default="")),
+                ("delivered_to", models.TextField(blank=True, db_default="", default="")),
+                (
+                    "dead_at",
+                    models.DateTimeField(
+                        blank=True,
+                        help_text="When the row became a dead letter (attempts exhausted or a permanent failure); dead rows are never delivered and never block their shard.",
+                        null=True,
+                    ),
+                ),
             ],
             options={
                 "verbose_name": "region outbox message",

@@ -10,7 +10,7 @@ engine.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from django.apps import apps
 from django.db import models, router
@@ -21,6 +21,9 @@ from outbox.exceptions import InvalidOutboxMessage
 from outbox.models.validation import validate_message
 from outbox.shards import ShardKey
 from outbox.signals import process_control_outbox, process_region_outbox
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 _Row = TypeVar("_Row", bound="OutboxBase")
 
@@ -57,6 +60,33 @@ class WritePath:
 
 
 class OutboxQuerySet(models.QuerySet[_Row]):
+    """Selection of outbox rows. The delivery states are named here once: `pending()`
+    (rows the drain delivers) and `dead()` (dead letters, kept for an operator)."""
+
+    def pending(self) -> Self:
+        return cast("Self", self.filter(dead_at__isnull=True))
+
+    def dead(self) -> Self:
+        return cast("Self", self.filter(dead_at__isnull=False))
+
+    def retry_dead(self) -> int:
+        """Make the dead rows of this selection pending and due now, attempts reset to 0,
+        back in their shard at their place in id order. Returns the rows revived. Their
+        `delivered_to` is kept: receivers that succeeded for a row are not called again."""
+        return self.dead().update(
+            dead_at=None,
+            attempts=0,
+            first_attempt_at=None,
+            last_attempt_at=None,
+            scheduled_from=Now(),
+            scheduled_for=Now(),
+        )
+
+    def discard(self) -> int:
+        """Delete the rows of this selection for good; returns how many."""
+        deleted, _ = self.delete()
+        return deleted
+
     def bulk_create(self, objs: Iterable[_Row], *args: Any, **kwargs: Any) -> list[_Row]:
         """Insert many rows in one statement, validating every one of them first."""
         rows = list(objs)
@@ -94,6 +124,17 @@ class OutboxBase(models.Model):
     first_attempt_at = models.DateTimeField(null=True, blank=True)
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+    # Written only on failure: the formatted traceback, and (JSON list) the receivers
+    # that already succeeded for this row, so a retry of the same row skips them.
+    # Database defaults keep INSERTs that name only the older columns valid.
+    last_traceback = models.TextField(blank=True, default="", db_default="")
+    delivered_to = models.TextField(blank=True, default="", db_default="")
+    dead_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the row became a dead letter (attempts exhausted or a permanent "
+        "failure); dead rows are never delivered and never block their shard.",
+    )
 
     objects = OutboxQuerySet.as_manager()
     # Replaced by the write path when the app is ready (see WritePath).
@@ -137,6 +178,16 @@ class OutboxBase(models.Model):
                 and not self._meta.parents
             ),
         )
+
+    def retry_dead(self) -> bool:
+        """Revive this row if it is a dead letter (see `OutboxQuerySet.retry_dead`)."""
+        revived = type(self).objects.filter(pk=self.pk).retry_dead()
+        self.refresh_from_db()
+        return bool(revived)
+
+    def discard(self) -> None:
+        """Delete this row for good (an operator's decision, for a dead letter)."""
+        self.delete()
 
     @property
     def shard_key(self) -> ShardKey:

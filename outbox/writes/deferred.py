@@ -27,7 +27,8 @@ from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.models import signals
 from django.db.transaction import Atomic
 
-from outbox.writes import internals
+import outbox.internals as internals
+from outbox.writes.announce import announce_saved
 from outbox.writes.hooks import hooks
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ class HeldRows:
                         raw=False,
                         using=self.using,
                     )
+            announce_saved([entry.row for entry, _ in pairs], self.using)
 
     def _bulk_create(
         self, model: type[OutboxBase], rows: list[OutboxBase], commit_wrapper: Any

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from outbox.models import OutboxBase, WritePath
 from outbox.writes import context
+from outbox.writes.announce import announce_saved
 
 _Row = TypeVar("_Row", bound=OutboxBase)
 
@@ -32,6 +33,7 @@ class ContextWritePath(WritePath):
             return  # written at the commit of the enclosing outbox_context
         save_now()
         context.record_writes(using, [row])
+        announce_saved([row], using)
 
     def bulk_create(
         self,
@@ -46,6 +48,7 @@ class ContextWritePath(WritePath):
             return rows  # written at the commit of the enclosing outbox_context
         created = create_now()
         context.record_writes(using, created)
+        announce_saved(created, using)
         return created
 
 

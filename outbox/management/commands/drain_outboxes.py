@@ -9,17 +9,23 @@ lease expires). SIGTERM/SIGINT stop it gracefully, a second one at once
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.apps import apps
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
 from outbox.exceptions import DrainInTransaction, InvalidOutboxMessage
+from outbox.health import backlog
+from outbox.metrics import record_backlog
 from outbox.models import OutboxBase
+
+logger = logging.getLogger("outbox.engine")
 
 FAILED_EXIT_STATUS = 3
 ABANDONED_EXIT_STATUS = 4
@@ -62,9 +68,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self.verbosity = options["verbosity"]
+        self.using = self._database(options["database"])
         worker = DrainWorker(
             [self._table(label) for label in options["table"]],
-            using=self._database(options["database"]),
+            using=self.using,
             scopes=self._scopes(options["scope"]),
             identifiers=options["shard"] or None,
             loop=options["loop"],
@@ -72,6 +80,8 @@ class Command(BaseCommand):
             progress_every=options["progress_every"],
             on_progress=self._progress,
             on_stop=self._stopping,
+            heartbeat_every=outbox_settings.HEARTBEAT_SECONDS if options["loop"] else 0.0,
+            on_heartbeat=self._heartbeat,
         )
         try:
             with worker.handling_signals():
@@ -84,11 +94,15 @@ class Command(BaseCommand):
         if outcome.abandoned:
             raise CommandError(_abandoned(outcome.stop), returncode=ABANDONED_EXIT_STATUS)
         total = outcome.stats
-        self.stdout.write(f"drain_outboxes: {total.summary()}")
+        logger.info(
+            "outbox drain finished: %s", total.summary(), extra={"event": "outbox.drain_done"}
+        )
+        if self.verbosity >= 1:
+            self.stdout.write(f"drain_outboxes: {total.summary()}")
         if total.failures:
             raise CommandError(
                 f"{total.failures} delivery failure(s) on shards "
-                f"{', '.join(sorted(set(total.failed_shards))[:20])}; rows kept for retry.",
+                f"{', '.join(total.failed_shards[:20])}; rows kept for retry.",
                 returncode=FAILED_EXIT_STATUS,
             )
 
@@ -114,7 +128,27 @@ class Command(BaseCommand):
             )
         return alias
 
+    def _heartbeat(self, total: DrainStats, elapsed: float) -> None:
+        """`--loop`, every OUTBOX_HEARTBEAT_SECONDS, busy or idle: one INFO line with the
+        rate so far, the backlog and the lag (echoed to stdout at -v 2)."""
+        rate = total.rows_retired / elapsed if elapsed else 0.0
+        try:
+            record_backlog(self.using)  # the backlog gauges; nothing without OUTBOX_METRICS
+            figures = backlog(self.using)
+        except DatabaseError:  # the loop itself reconnects; the heartbeat says so
+            logger.warning("outbox heartbeat could not read the backlog", exc_info=True)
+            figures = "unknown (database unreachable)"
+        line = (
+            f"outbox drain alive: {total.rows_retired} rows retired in {elapsed:.0f}s "
+            f"({rate:.0f} rows/s), {total.failures} failures; backlog {figures}"
+        )
+        logger.info(line, extra={"event": "outbox.heartbeat"})
+        if self.verbosity >= 2:
+            self.stdout.write(line)
+
     def _progress(self, total: DrainStats, elapsed: float) -> None:
+        if self.verbosity < 1:
+            return
         rate = total.rows_retired / elapsed if elapsed else 0.0
         self.stdout.write(
             f"... {total.rows_retired} rows retired, {total.receiver_calls} receiver calls, "

@@ -1,23 +1,28 @@
-"""The only Django internals the app relies on, all for the opt-in deferred writer.
+"""The only Django internals the app relies on, here and nowhere else;
+tests/test_django_internals.py fails on a Django version that changes them.
 
 Django has no public way to ask, before COMMIT, whether a savepoint was rolled back,
-nor to mark an instance as saved after a bulk insert made on its behalf. Both are done
-here and nowhere else; tests/test_django_internals.py fails on a Django version that
-changes them.
+nor to mark an instance as saved after a bulk insert made on its behalf (both for the
+opt-in deferred writer), nor to call a signal's receivers one by one and skip some (for
+the engine, which records which receivers succeeded for a failing message).
 
 - A save inside a savepoint registers a no-op on-commit callback as its marker. Django
   drops the callbacks of a savepoint that rolls back (documented); which markers are
   still pending is read from `connection.run_on_commit` (internal).
 - `Model._state` (internal) says whether an instance is saved, and to which database.
+- `Signal._live_receivers(sender)` (internal) returns the sync and the async receivers
+  for a sender, as `send` and `send_robust` use it (stable since Django 5.0).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 from django.db.models import NOT_PROVIDED
 from django.db.models.expressions import DatabaseDefault
+from django.dispatch import Signal
 
 if TYPE_CHECKING:
     from outbox.models import OutboxBase
@@ -59,3 +64,11 @@ def mark_written(row: OutboxBase, written: OutboxBase, using: str) -> None:
                 del values[field.attname]  # deferred: read back on first access
             else:
                 values[field.attname] = returned
+
+
+def live_receivers(
+    signal: Signal, sender: object
+) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]]]:
+    """The sync and the async receivers connected for `sender`, in Django's order."""
+    sync_receivers, async_receivers = signal._live_receivers(sender)
+    return list(sync_receivers), list(async_receivers)

@@ -1,0 +1,93 @@
+"""List filters that show scopes, categories and lease states by name."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from outbox.categories import registry
+from outbox.models import OutboxQuerySet
+
+# The lease states of the admin, by their ShardLeaseQuerySet method.
+LEASE_STATES = {"held": "held", "backing_off": "backing off", "expired": "expired"}
+
+
+def name_of(lookup: dict[int, Any], value: int) -> str:
+    """The declared name of a stored scope or category; the integer if undeclared."""
+    member = lookup.get(value)
+    return member.name if member is not None else str(value)
+
+
+class _IntegerChoiceFilter(admin.SimpleListFilter):
+    """Filter an integer column by the names of the registry's members."""
+
+    field: str
+
+    def members(self) -> dict[int, Any]:
+        raise NotImplementedError
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(str(value), member.name) for value, member in sorted(self.members().items())]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None or not value.lstrip("-").isdigit():
+            return queryset
+        selected: QuerySet[Any] = queryset.filter(**{self.field: int(value)})
+        return selected
+
+
+class ScopeFilter(_IntegerChoiceFilter):
+    title = "scope"
+    parameter_name = field = "shard_scope"
+
+    def members(self) -> dict[int, Any]:
+        return dict(registry.scopes)
+
+
+class CategoryFilter(_IntegerChoiceFilter):
+    title = "category"
+    parameter_name = field = "category"
+
+    def members(self) -> dict[int, Any]:
+        return dict(registry.categories)
+
+
+class LeaseStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return list(LEASE_STATES.items())
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        state = self.value()
+        if state in LEASE_STATES:
+            return getattr(queryset, state)()  # type: ignore[no-any-return]
+        return queryset
+
+
+class DeliveryStateFilter(admin.SimpleListFilter):
+    """Pending rows, the failing ones among them, and dead letters (the outbox QuerySet's
+    `pending()` and `dead()`)."""
+
+    title = "delivery state"
+    parameter_name = "delivery"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("pending", "pending"), ("failing", "failing (backing off)"), ("dead", "dead")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        state = self.value()
+        rows = cast("OutboxQuerySet[Any]", queryset)
+        if state == "pending":
+            return rows.pending()
+        if state == "failing":
+            failing: QuerySet[Any] = rows.pending().filter(attempts__gt=0)
+            return failing
+        if state == "dead":
+            return rows.dead()
+        return queryset

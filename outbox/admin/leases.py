@@ -1,0 +1,149 @@
+"""Shard leases with their state on the database clock, and the outbox dashboard page."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import AdminSite
+from django.core.exceptions import PermissionDenied
+from django.db.models import Exists, Model, OuterRef, QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+
+import outbox.admin.bulk as bulk
+from outbox.admin.base import OperatorAdmin
+from outbox.admin.dashboard import dashboard_tables
+from outbox.admin.filters import LEASE_STATES, LeaseStateFilter, ScopeFilter, name_of
+from outbox.categories import registry
+from outbox.models import ShardLease, ShardLeaseQuerySet, outbox_models
+
+DASHBOARD_URL_NAME = "outbox_dashboard"
+
+
+@admin.register(ShardLease)
+class ShardLeaseAdmin(OperatorAdmin):
+    """Shards being drained (with a holder) and shards backing off after a failure; the
+    dashboard page of all outbox tables hangs off this admin's URLs."""
+
+    list_display = [
+        "outbox",
+        "region_name",
+        "scope",
+        "shard_identifier",
+        "state",
+        "holder",
+        "expires_at",
+    ]
+    list_filter = ["outbox", LeaseStateFilter, ScopeFilter]
+    search_fields = ["=shard_identifier", "holder"]
+    actions = ["lift_backoff"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ShardLease]:
+        # The state on the database clock, one Exists per state: no query per row.
+        same = OuterRef("pk")
+        leases: QuerySet[ShardLease] = (
+            super()
+            .get_queryset(request)
+            .annotate(
+                is_held=Exists(ShardLease.objects.held().filter(pk=same)),
+                is_backing_off=Exists(ShardLease.objects.backing_off().filter(pk=same)),
+            )
+        )
+        return leases
+
+    @admin.display(description="scope", ordering="shard_scope")
+    def scope(self, obj: ShardLease) -> str:
+        return name_of(registry.scopes, obj.shard_scope)
+
+    @admin.display(description="state")
+    def state(self, obj: ShardLease) -> str:
+        if getattr(obj, "is_held", False):
+            return LEASE_STATES["held"]
+        if getattr(obj, "is_backing_off", False):
+            return LEASE_STATES["backing_off"]
+        return LEASE_STATES["expired"]
+
+    @admin.action(
+        description="Retry the selected shards now (lift their back-off)", permissions=["retry"]
+    )
+    def lift_backoff(self, request: HttpRequest, queryset: ShardLeaseQuerySet) -> None:
+        selected = queryset.count()
+        outcome = bulk.retry_leases(queryset.order_by())
+        held, lifted = outcome.held_shards, outcome.lifted
+        text = f"{lifted} shard(s) may be retried now; {outcome.rows} message(s) due now."
+        if lifted or outcome.rows:
+            self.message_user(request, text, messages.SUCCESS)
+        if held:
+            self.message_user(
+                request, f"{held} shard(s) held by a worker: left alone.", messages.WARNING
+            )
+        if selected - held - lifted:
+            self.message_user(
+                request,
+                f"{selected - held - lifted} shard(s) not backing off (expired): "
+                "nothing to lift, they may be claimed already.",
+                messages.WARNING,
+            )
+        self.log(request, f"Retried shards: {text} {held} held left alone.", deleted=False)
+
+    def get_urls(self) -> list[URLPattern]:
+        dashboard = path(
+            "dashboard/",
+            self.admin_site.admin_view(self.dashboard_view),
+            name=DASHBOARD_URL_NAME,
+        )
+        return [dashboard, *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> TemplateResponse:
+        if not can_view_dashboard(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Outbox dashboard",
+            "opts": self.model._meta,
+            "tables": dashboard_tables(),
+            "lease_changelist": reverse(f"{self.admin_site.name}:outbox_shardlease_changelist"),
+        }
+        return TemplateResponse(request, "admin/outbox/dashboard.html", context)
+
+
+def can_view_dashboard(request: HttpRequest) -> bool:
+    """Staff who may view the leases or any outbox table may view the dashboard."""
+    models: list[type[Model]] = [ShardLease, *outbox_models()]
+    return any(
+        request.user.has_perm(f"{model._meta.app_label}.view_{model._meta.model_name}")
+        or request.user.has_perm(f"{model._meta.app_label}.change_{model._meta.model_name}")
+        for model in models
+    )
+
+
+def link_dashboard(site: AdminSite) -> None:
+    """List the dashboard first in the outbox app on the admin index and sidebar.
+
+    The admin index lists registered models only; this wraps the site's
+    `get_app_list` (on this site instance only) to add one entry for the page."""
+    build_app_list: Callable[..., list[dict[str, Any]]] = site.get_app_list
+
+    def get_app_list(request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
+        app_list = build_app_list(request, app_label)
+        for app in app_list:
+            if app["app_label"] == "outbox" and can_view_dashboard(request):
+                app["models"].insert(0, _dashboard_entry(site))
+        return app_list
+
+    site.get_app_list = get_app_list  # type: ignore[method-assign]
+
+
+def _dashboard_entry(site: AdminSite) -> dict[str, Any]:
+    return {
+        "name": "Dashboard",
+        "object_name": "Dashboard",
+        "admin_url": reverse(f"{site.name}:{DASHBOARD_URL_NAME}"),
+        "add_url": None,
+        "view_only": True,
+        "perms": {"view": True},
+        "model": None,
+    }

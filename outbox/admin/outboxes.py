@@ -1,0 +1,108 @@
+"""The messages of each outbox table, by name, with retry and discard actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+import outbox.admin.bulk as bulk
+from outbox.admin.base import OperatorAdmin
+from outbox.admin.filters import CategoryFilter, DeliveryStateFilter, ScopeFilter, name_of
+from outbox.categories import registry
+from outbox.models import ControlOutbox, OutboxBase, RegionOutbox
+
+Rows = QuerySet[Any]
+
+
+class OutboxAdmin(OperatorAdmin):
+    list_display = [
+        "id",
+        "scope",
+        "shard_identifier",
+        "category_name",
+        "object_identifier",
+        "delivery_state",
+        "attempts",
+        "backoff",
+        "short_error",
+    ]
+    list_filter = [DeliveryStateFilter, ScopeFilter, CategoryFilter, "attempts"]
+    search_fields = ["=shard_identifier", "=object_identifier"]
+    ordering = ["id"]
+    actions = [
+        "retry_messages",
+        "retry_groups",
+        "retry_shards",
+        "discard_messages",
+        "discard_groups",
+    ]
+
+    @admin.display(description="scope", ordering="shard_scope")
+    def scope(self, obj: OutboxBase) -> str:
+        return name_of(registry.scopes, obj.shard_scope)
+
+    @admin.display(description="category", ordering="category")
+    def category_name(self, obj: OutboxBase) -> str:
+        return name_of(registry.categories, obj.category)
+
+    @admin.display(description="state")
+    def delivery_state(self, obj: OutboxBase) -> str:
+        if getattr(obj, "dead_at", None) is not None:
+            return "dead"
+        return "failing" if obj.attempts else "pending"
+
+    @admin.display(description="scheduled for", ordering="scheduled_for")
+    def backoff(self, obj: OutboxBase) -> str:
+        """When the row is due, and for a failed row the back-off it is waiting out
+        (from `scheduled_from`, the time that schedule was set)."""
+        due = obj.scheduled_for
+        if not obj.attempts:
+            return f"{due:%Y-%m-%d %H:%M:%S}"
+        waited = (due - obj.scheduled_from).total_seconds()
+        return f"{due:%Y-%m-%d %H:%M:%S} (back-off {waited:.0f}s)"
+
+    @admin.display(description="last error")
+    def short_error(self, obj: OutboxBase) -> str:
+        return obj.last_error[:120]
+
+    @admin.action(description="Retry the selected messages now", permissions=["retry"])
+    def retry_messages(self, request: HttpRequest, queryset: Rows) -> None:
+        self.report(request, "Retried now", bulk.retry_rows(queryset), deleted=False)
+
+    @admin.action(
+        description="Retry the selected messages' coalescing groups now", permissions=["retry"]
+    )
+    def retry_groups(self, request: HttpRequest, queryset: Rows) -> None:
+        fields = bulk.group_fields(queryset.model)
+        outcome = bulk.retry_keys(queryset, fields)
+        self.report(request, "Retried their groups now", outcome, deleted=False)
+
+    @admin.action(description="Retry the selected messages' shards now", permissions=["retry"])
+    def retry_shards(self, request: HttpRequest, queryset: Rows) -> None:
+        outcome = bulk.retry_keys(queryset, queryset.model.shard_fields)
+        self.report(request, "Retried their shards now", outcome, deleted=False)
+
+    @admin.action(description="Discard the selected messages", permissions=["discard"])
+    def discard_messages(self, request: HttpRequest, queryset: Rows) -> None:
+        self.report(request, "Discarded", bulk.discard_rows(queryset), deleted=True)
+
+    @admin.action(
+        description="Discard the selected messages' coalescing groups", permissions=["discard"]
+    )
+    def discard_groups(self, request: HttpRequest, queryset: Rows) -> None:
+        outcome = bulk.discard_keys(queryset, bulk.group_fields(queryset.model))
+        self.report(request, "Discarded their groups", outcome, deleted=True)
+
+
+@admin.register(RegionOutbox)
+class RegionOutboxAdmin(OutboxAdmin):
+    pass
+
+
+@admin.register(ControlOutbox)
+class ControlOutboxAdmin(OutboxAdmin):
+    list_display = ["id", "region_name", *OutboxAdmin.list_display[1:]]
+    list_filter = ["region_name", *OutboxAdmin.list_filter]

@@ -1,0 +1,30 @@
+"""`drain_outboxes()`: one drain of every due shard, in the calling thread."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from outbox.engine.drainer import Drainer
+from outbox.engine.stats import DrainStats
+from outbox.models import OutboxBase, outbox_models
+
+
+def drain_outboxes(
+    models: Sequence[type[OutboxBase]] | None = None,
+    *,
+    using: str | None = None,
+    scopes: Sequence[int] | None = None,
+    identifiers: Sequence[int] | None = None,
+    deadline: float | None = None,
+    stop: threading.Event | None = None,
+) -> DrainStats:
+    """Drain every due shard of the given tables (all of them by default) once, in the
+    calling thread: no thread, no signals, no graceful timeout."""
+    stats = DrainStats()
+    for model in models or outbox_models():
+        drainer = Drainer(model, using, scopes=scopes, identifiers=identifiers, stop=stop)
+        result = drainer.drain(deadline=deadline)
+        stats.add(result)
+        stats.seconds += result.seconds
+    return stats

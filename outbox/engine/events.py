@@ -1,0 +1,60 @@
+"""Lifecycle signals of the drain that are not failures: a message processed, a lease
+lost. Each is sent only when it has a receiver, so an unused signal costs one check."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from datetime import timezone as dt_timezone
+
+from django.utils import timezone
+
+from outbox.backends.base import Group
+from outbox.models import OutboxBase
+from outbox.shards import ShardKey
+from outbox.signals import lease_lost, message_processed
+
+logger = logging.getLogger("outbox.engine")
+
+
+def lag_seconds(group: Group) -> float | None:
+    """The newest row's age now, from its `date_added` (database clock) when the read
+    carried it; None when it did not (the fast path reads it only for tables that list
+    it in `message_columns`)."""
+    added = getattr(group.message, "date_added", None)
+    if not isinstance(added, datetime):
+        return None
+    if timezone.is_naive(added):
+        added = timezone.make_aware(added, dt_timezone.utc)
+    return max((timezone.now() - added).total_seconds(), 0.0)
+
+
+def processed(model: type[OutboxBase], group: Group, duration: float, using: str) -> None:
+    if not message_processed.has_listeners(model):
+        return
+    message_processed.send(
+        sender=model,
+        shard=group.shard,
+        category=group.category,
+        object_identifier=group.object_identifier,
+        rows=len(group.row_ids),
+        lag_seconds=lag_seconds(group),
+        duration_seconds=duration,
+        using=using,
+    )
+
+
+def leases_lost(model: type[OutboxBase], shards: set[ShardKey], using: str) -> None:
+    for key in sorted(shards):
+        logger.warning(
+            "outbox lease lost on shard %s before its delete; it will be redelivered",
+            key,
+            extra={
+                "event": "outbox.lease_lost",
+                "outbox": model._meta.label,
+                "scope": key.shard_scope,
+                "shard": str(key),
+            },
+        )
+        if lease_lost.has_listeners(model):
+            lease_lost.send(sender=model, shard=key, using=using)

@@ -1,0 +1,97 @@
+"""OpenTelemetry adapter (`OUTBOX_METRICS = "opentelemetry"`), on `opentelemetry-api`.
+
+Instruments come from the meter ``outbox`` of the global meter provider, which the
+project sets up with the SDK and its exporter (e.g. OTLP): counters ``outbox.saved``,
+``outbox.processed``, ``outbox.failed``, ``outbox.dead_lettered``,
+``outbox.leases_lost``, histograms ``outbox.processing_lag`` and ``outbox.send_duration``
+(seconds) and gauges ``outbox.backlog.rows`` and ``outbox.backlog.shards``, with the
+attributes ``outbox.table``, ``outbox.scope`` and ``outbox.category``.
+"""
+
+from __future__ import annotations
+
+from opentelemetry import metrics as otel
+
+from outbox.metrics import Metrics
+
+__all__ = ["OpenTelemetryMetrics"]
+
+# Bucket advice (opentelemetry-api 1.30+): the SDK's default buckets are meant for milliseconds.
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+
+class OpenTelemetryMetrics(Metrics):
+    """Records through `meter_provider` (default: the global one)."""
+
+    def __init__(self, meter_provider: otel.MeterProvider | None = None) -> None:
+        meter = otel.get_meter("outbox", meter_provider=meter_provider)
+        self._saved = meter.create_counter("outbox.saved", "{row}", "Outbox rows saved.")
+        self._processed = meter.create_counter(
+            "outbox.processed", "{row}", "Outbox rows retired by a delivery."
+        )
+        self._failed = meter.create_counter(
+            "outbox.failed", "{message}", "Failed deliveries of outbox messages."
+        )
+        self._dead_lettered = meter.create_counter(
+            "outbox.dead_lettered", "{message}", "Outbox messages dead-lettered."
+        )
+        self._leases_lost = meter.create_counter(
+            "outbox.leases_lost", "{lease}", "Shard leases lost."
+        )
+        self._lag = meter.create_histogram(
+            "outbox.processing_lag",
+            "s",
+            "Age of the delivered outbox row when its receivers ran.",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        )
+        self._duration = meter.create_histogram(
+            "outbox.send_duration",
+            "s",
+            "Time the receivers of one outbox message took.",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        )
+        self._backlog_rows = meter.create_gauge(
+            "outbox.backlog.rows", "{row}", "Outbox rows waiting, per scope."
+        )
+        self._backlog_shards = meter.create_gauge(
+            "outbox.backlog.shards", "{shard}", "Outbox shards with rows waiting."
+        )
+
+    def saved(self, table: str, scope: str, category: str, count: int) -> None:
+        self._saved.add(count, _attributes(table, scope, category))
+
+    def processed(
+        self,
+        table: str,
+        scope: str,
+        category: str,
+        rows: int,
+        lag_seconds: float | None,
+        duration_seconds: float,
+    ) -> None:
+        attributes = _attributes(table, scope, category)
+        self._processed.add(rows, attributes)
+        if lag_seconds is not None:
+            self._lag.record(max(lag_seconds, 0.0), attributes)
+        self._duration.record(duration_seconds, attributes)
+
+    def failed(self, table: str, scope: str, category: str) -> None:
+        self._failed.add(1, _attributes(table, scope, category))
+
+    def dead_lettered(self, table: str, scope: str, category: str) -> None:
+        self._dead_lettered.add(1, _attributes(table, scope, category))
+
+    def lease_lost(self, table: str, scope: str) -> None:
+        self._leases_lost.add(1, _attributes(table, scope))
+
+    def backlog(self, table: str, scope: str, rows: int, shards: int) -> None:
+        attributes = _attributes(table, scope)
+        self._backlog_rows.set(rows, attributes)
+        self._backlog_shards.set(shards, attributes)
+
+
+def _attributes(table: str, scope: str, category: str | None = None) -> dict[str, str]:
+    attributes = {"outbox.table": table, "outbox.scope": scope}
+    if category is not None:
+        attributes["outbox.category"] = category
+    return attributes

@@ -1,0 +1,158 @@
+"""Prometheus adapter (`OUTBOX_METRICS = "prometheus"`), on `prometheus_client`.
+
+The instruments are registered once per registry (the default `REGISTRY` unless one is
+given): `outbox_saved_total`, `outbox_processed_total`, `outbox_failed_total`,
+`outbox_dead_lettered_total`, `outbox_leases_lost_total`, the histograms
+`outbox_processing_lag_seconds` and `outbox_send_duration_seconds`, and the gauges
+`outbox_backlog_rows` and `outbox_backlog_shards`.
+
+Multiprocess mode (gunicorn workers, Celery pool processes): set the environment
+variable ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before the processes start;
+`prometheus_client` then keeps every process's values in files there, and the process
+serving ``/metrics`` exposes them with `prometheus_client.multiprocess.MultiProcessCollector`.
+The backlog gauges show the most recent reading of any process (``mostrecent``).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Iterable
+
+from django.db import connections
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from outbox.metrics import Metrics, record_backlog
+
+__all__ = ["PrometheusMetrics", "PrometheusScrapeMetrics"]
+
+logger = logging.getLogger(__name__)
+
+MESSAGE_LABELS = ("table", "scope", "category")
+SCOPE_LABELS = ("table", "scope")
+LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class _Instruments:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def counter(name: str, doc: str, labels: Iterable[str] = MESSAGE_LABELS) -> Counter:
+            return Counter(f"outbox_{name}", doc, labels, registry=registry)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(
+                f"outbox_{name}",
+                doc,
+                SCOPE_LABELS,
+                registry=registry,
+                multiprocess_mode="mostrecent",
+            )
+
+        self.saved = counter("saved", "Outbox rows saved.")
+        self.processed = counter("processed", "Outbox rows retired by a delivery.")
+        self.failed = counter("failed", "Failed deliveries of outbox messages.")
+        self.dead_lettered = counter("dead_lettered", "Outbox messages dead-lettered.")
+        self.leases_lost = counter("leases_lost", "Shard leases lost.", SCOPE_LABELS)
+        self.lag = Histogram(
+            "outbox_processing_lag_seconds",
+            "Age of the delivered outbox row when its receivers ran.",
+            MESSAGE_LABELS,
+            registry=registry,
+            buckets=LAG_BUCKETS,
+        )
+        self.duration = Histogram(
+            "outbox_send_duration_seconds",
+            "Time the receivers of one outbox message took.",
+            MESSAGE_LABELS,
+            registry=registry,
+            buckets=DURATION_BUCKETS,
+        )
+        self.backlog_rows = gauge("backlog_rows", "Outbox rows waiting, per scope.")
+        self.backlog_shards = gauge("backlog_shards", "Outbox shards with rows waiting.")
+
+
+# Instruments by registry: a registry refuses a second instrument of the same name.
+_registered: weakref.WeakKeyDictionary[CollectorRegistry, _Instruments] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class PrometheusMetrics(Metrics):
+    """Records into `registry` (default: `prometheus_client.REGISTRY`)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = REGISTRY if registry is None else registry
+        if self.registry not in _registered:
+            _registered[self.registry] = _Instruments(self.registry)
+        self.instruments = _registered[self.registry]
+
+    def saved(self, table: str, scope: str, category: str, count: int) -> None:
+        self.instruments.saved.labels(table, scope, category).inc(count)
+
+    def processed(
+        self,
+        table: str,
+        scope: str,
+        category: str,
+        rows: int,
+        lag_seconds: float | None,
+        duration_seconds: float,
+    ) -> None:
+        self.instruments.processed.labels(table, scope, category).inc(rows)
+        if lag_seconds is not None:
+            self.instruments.lag.labels(table, scope, category).observe(max(lag_seconds, 0.0))
+        self.instruments.duration.labels(table, scope, category).observe(duration_seconds)
+
+    def failed(self, table: str, scope: str, category: str) -> None:
+        self.instruments.failed.labels(table, scope, category).inc()
+
+    def dead_lettered(self, table: str, scope: str, category: str) -> None:
+        self.instruments.dead_lettered.labels(table, scope, category).inc()
+
+    def lease_lost(self, table: str, scope: str) -> None:
+        self.instruments.leases_lost.labels(table, scope).inc()
+
+    def backlog(self, table: str, scope: str, rows: int, shards: int) -> None:
+        self.instruments.backlog_rows.labels(table, scope).set(rows)
+        self.instruments.backlog_shards.labels(table, scope).set(shards)
+
+
+class PrometheusScrapeMetrics(PrometheusMetrics):
+    """`PrometheusMetrics` that also reads the backlog on every scrape of its registry.
+
+    Choose it with ``OUTBOX_METRICS = "outbox.metrics.prometheus.PrometheusScrapeMetrics"``.
+    Each scrape then runs one aggregate query per outbox table, in the scraping thread;
+    a connection opened for it is closed again."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = REGISTRY if registry is None else registry
+        fresh = registry not in _registered
+        if fresh:  # refresh first: the registry collects in registration order
+            registry.register(_BacklogOnScrape(self))
+        super().__init__(registry)
+        if not fresh:
+            logger.warning("The outbox backlog is not read on scrape: instruments existed.")
+
+
+class _BacklogOnScrape(Collector):
+    """Collects nothing itself: updates the backlog gauges, collected right after it."""
+
+    def __init__(self, metrics: PrometheusMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # no names of its own, and no query when it is registered
+
+    def collect(self) -> Iterable[Metric]:
+        idle = {alias for alias in connections if connections[alias].connection is None}
+        try:
+            record_backlog(metrics=self.metrics)
+        except Exception:
+            logger.exception("Reading the outbox backlog for a scrape failed")
+        finally:
+            for alias in idle:  # opened here: a scrape thread may never come back
+                if not connections[alias].in_atomic_block:
+                    connections[alias].close()
+        return []

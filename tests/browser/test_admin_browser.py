@@ -1,0 +1,148 @@
+"""The admin in a real browser: headless Chromium against Django's live server."""
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.utils import timezone
+
+from outbox.engine import drain_outboxes
+from outbox.models import RegionOutbox, ShardLease
+from tests.browser.conftest import missing
+from tests.factories import ControlOutboxFactory, RegionOutboxFactory
+from tests.testapp.categories import Category
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(bool(missing()), reason=missing() or "browser available"),
+    pytest.mark.django_db(transaction=True, databases=["default", "control"]),
+]
+
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "admin-dashboard.png"
+
+
+def failed(shard_identifier, backoff_minutes=5):
+    """A row as the engine leaves it after a failure, with its shard's back-off lease."""
+    due = timezone.now() + timedelta(minutes=backoff_minutes)
+    row = RegionOutboxFactory(
+        shard_identifier=shard_identifier,
+        attempts=2,
+        scheduled_for=due,
+        last_error="RuntimeError: the CRM answered 503",
+    )
+    ShardLease.objects.create(
+        outbox="outbox.regionoutbox",
+        shard_scope=row.shard_scope,
+        shard_identifier=shard_identifier,
+        token=None,
+        expires_at=due,
+    )
+    return row
+
+
+def dead_worker_lease(shard_identifier):
+    """The lease of a worker that died five minutes ago, never released."""
+    return ShardLease.objects.create(
+        outbox="outbox.regionoutbox",
+        shard_scope=0,
+        shard_identifier=shard_identifier,
+        token="dead-worker",
+        holder="web-1:4242:1",
+        expires_at=timezone.now() - timedelta(minutes=5),
+    )
+
+
+@pytest.fixture
+def open_admin(browser, live_server, django_user_model):
+    """Open an admin page as a new staff user with the given permissions (None: a
+    superuser); returns the Playwright page."""
+    contexts = []
+
+    def open_as(path, *codenames, username="operator"):
+        if codenames:
+            user = django_user_model.objects.create_user(username, is_staff=True)
+            user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+        else:
+            user = django_user_model.objects.create_superuser(username, "op@example.com", "pw")
+        client = Client()
+        client.force_login(user)
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        contexts.append(context)
+        session = client.cookies[settings.SESSION_COOKIE_NAME].value
+        context.add_cookies(
+            [{"name": settings.SESSION_COOKIE_NAME, "value": session, "url": live_server.url}]
+        )
+        page = context.new_page()
+        page.set_default_timeout(10_000)
+        page.goto(f"{live_server.url}{path}")
+        return page
+
+    yield open_as
+    for context in contexts:
+        context.close()
+
+
+def test_a_view_only_user_sees_no_action(open_admin):
+    failed(3)
+    page = open_admin(
+        "/admin/outbox/regionoutbox/", "view_regionoutbox", "view_shardlease", username="viewer"
+    )
+    assert page.locator("td.field-short_error").inner_text().startswith("RuntimeError")
+    assert page.locator("select[name=action]").count() == 0
+    assert page.locator("input[name=_selected_action]").count() == 0
+    page.goto(page.url.replace("regionoutbox", "shardlease"))
+    assert page.locator("td.field-state").inner_text() == "backing off"
+    assert page.locator("select[name=action]").count() == 0
+
+
+def test_an_operator_retries_a_backed_off_shard_and_it_is_delivered(open_admin, calls):
+    row = failed(3)
+    page = open_admin("/admin/outbox/shardlease/")
+    assert page.locator("td.field-state").inner_text() == "backing off"
+    page.locator("input[name=_selected_action]").first.check()
+    page.select_option("select[name=action]", "lift_backoff")
+    page.get_by_role("button", name="Go").click()
+    page.wait_for_load_state()
+    assert "1 shard(s) may be retried now; 1 message(s) due now." in page.inner_text(
+        "ul.messagelist"
+    )
+    drain_outboxes()
+    assert [call["object_identifier"] for call in calls.calls] == [row.object_identifier]
+    page.goto(page.url.replace("shardlease", "regionoutbox"))
+    assert "0 region outbox messages" in page.inner_text("#changelist-form")
+
+
+def test_a_dead_workers_shard_shows_as_expired(open_admin):
+    dead_worker_lease(6)
+    page = open_admin("/admin/outbox/shardlease/?state=expired")
+    assert page.locator("td.field-shard_identifier").inner_text() == "6"
+    assert page.locator("td.field-state").inner_text() == "expired"
+    assert page.locator("td.field-scope").inner_text() == "ORGANIZATION"
+
+
+def test_the_dashboard_renders_its_figures(open_admin):
+    failed(3)
+    failed(4, backoff_minutes=2)
+    dead_worker_lease(6)
+    for shard in range(7, 12):
+        RegionOutboxFactory(shard_identifier=shard, category=Category.ORGANIZATION_UPDATE)
+    ControlOutboxFactory.create_batch(3)
+    RegionOutbox.objects.update(date_added=timezone.now() - timedelta(minutes=3))
+    page = open_admin("/admin/")
+    page.get_by_role("link", name="Dashboard").first.click()
+    page.wait_for_load_state()
+    assert page.locator("h1").inner_text() == "Outbox dashboard"
+    region = page.locator('tbody[data-table="outbox.RegionOutbox"] tr.table-total')
+    assert region.locator("td.rows").inner_text() == "7"
+    assert region.locator("td.expired").inner_text() == "1"
+    assert region.locator("td.backing-off").inner_text() == "2"
+    assert region.locator("td.failing").inner_text() == "2"
+    assert region.locator("td.lag").inner_text().startswith("3 min")
+    control = page.locator('tbody[data-table="outbox.ControlOutbox"] tr.scope')
+    assert control.first.get_attribute("data-scope") == "USER"
+    assert control.locator("td.rows").first.inner_text() == "3"
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
