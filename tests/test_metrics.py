@@ -206,6 +206,14 @@ def test_prometheus_end_to_end_save_and_drain(registry):
     assert registry.get_sample_value("outbox_saved_total", REGION) == 1
     assert registry.get_sample_value("outbox_processed_total", REGION) == 1
     assert registry.get_sample_value("outbox_send_duration_seconds_count", REGION) == 1
+    # What a scrape shows: the processed count and the lag histogram, on every path.
+    from prometheus_client import generate_latest
+
+    scrape = generate_latest(registry).decode()
+    assert "outbox_processed_total{" in scrape
+    assert registry.get_sample_value("outbox_processing_lag_seconds_count", REGION) == 1
+    assert 0 <= registry.get_sample_value("outbox_processing_lag_seconds_sum", REGION) < 60
+    assert "outbox_processing_lag_seconds_bucket{" in scrape
 
 
 # StatsD: real packets on a real UDP socket

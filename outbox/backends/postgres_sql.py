@@ -172,9 +172,9 @@ class _Renderer:
         before its first row not yet due (`before_cut`), which is no group's newest."""
         cols = ", ".join(f"r.{column}" for column in self.cols)
         newest = 'r."id" = max(r."id") OVER newest_of_group'
-        times = [
+        times = [  # date_added always: the processing lag is measured from it
             f'CASE WHEN {newest} THEN r."{column}" END'
-            if column in self.message_columns
+            if column == "date_added" or column in self.message_columns
             else "NULL::timestamptz"
             for column in ("date_added", "scheduled_for")
         ]

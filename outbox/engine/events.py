@@ -18,9 +18,8 @@ logger = logging.getLogger("outbox.engine")
 
 
 def lag_seconds(group: Group) -> float | None:
-    """The newest row's age now, from its `date_added` (database clock) when the read
-    carried it; None when it did not (the fast path reads it only for tables that list
-    it in `message_columns`)."""
+    """The newest row's age now, from its `date_added` (database clock); None when the
+    read did not carry it (a backend is not obliged to)."""
     added = getattr(group.message, "date_added", None)
     if not isinstance(added, datetime):
         return None
