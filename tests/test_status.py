@@ -144,3 +144,31 @@ def test_status_command_exit_status_in_a_real_process(backlog_rows):
     )
     assert result.returncode == 2, result.stderr
     assert "dead letter" in result.stderr
+
+
+@server_database_only
+def test_a_killed_worker_shows_as_expired_in_outbox_status_and_the_admin(tmp_path, admin_client):
+    """kill -9 a real `drain_outboxes --loop` in the middle of a slow receiver: once its
+    lease runs out, status and admin both call the shard expired (stuck), not held."""
+    from django.urls import reverse
+
+    from tests.testapp.models import Delivery
+    from tests.workers import Process, wait_until
+
+    RegionOutboxFactory(shard_identifier=7)
+    env = worker_env(receiver_delay=30.0, OUTBOX_LEASE_SECONDS=1.0)
+    args = [sys.executable, "-m", "django", "drain_outboxes", "--loop"]
+    drainer = Process(args, env, tmp_path / "drainer.log")
+    try:
+        wait_until(ShardLease.objects.held().exists, timeout=30, message="never claimed")
+        assert status_json()["outbox.RegionOutbox"]["leased_shards"] == 1
+        drainer.popen.kill()
+        drainer.popen.wait(10)
+    finally:
+        drainer.stop()
+    wait_until(ShardLease.objects.expired().exists, timeout=10, message="lease never expired")
+    region = status_json()["outbox.RegionOutbox"]
+    assert (region["expired_shards"], region["leased_shards"]) == (1, 0)
+    page = admin_client.get(reverse("admin:outbox_shardlease_changelist") + "?state=expired")
+    assert b"expired" in page.content and b">7<" in page.content
+    assert not Delivery.objects.exists()  # the receiver never finished
