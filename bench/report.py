@@ -342,6 +342,11 @@ def write_overhead_lines(write: dict[str, Any]) -> list[str]:
         f"| its floor: save + the same INSERT by hand, own round trip ÷ save alone | "
         f"{write['sql_floor_ratio']:.2f}x ({per_op['save_sql']:.0f} µs) |",
     ]
+    if "orm_floor_ratio" in write:
+        lines.append(
+            f"| its ORM floor: save + the same row through Django's own Model.save ÷ save "
+            f"alone | {write['orm_floor_ratio']:.2f}x ({per_op['save_orm']:.0f} µs) |"
+        )
     if "deferred_ratio" in write:
         lines += [
             f"| write overhead, deferred path (one bulk insert with the COMMIT): save + "

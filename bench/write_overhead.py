@@ -10,7 +10,9 @@ Variants, each one committed `transaction.atomic()` per iteration, on the same r
 - `save_outbox_deferred`: the same with `defer=True`: the row is held and written by
   one bulk insert as the block commits, with the COMMIT in the same round trip on
   PostgreSQL;
-- `save_sql` and `save_sql_commit`: the floors of each path: the same save plus the
+- `save_orm`: the default path's ORM floor: the same save plus the same row through
+  Django's own `Model.save` (no validation, no context, no write path);
+- `save_sql` and `save_sql_commit`: the SQL floors of each path: the same save plus the
   same INSERT written by hand (one literal statement through Django's cursor, no model,
   no validation), in its own round trip (`save_sql`, the default path's floor) or sent
   with the COMMIT in one round trip (`save_sql_commit`, the deferred path's floor);
@@ -32,7 +34,7 @@ POOL = 100
 
 
 def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[[int], None]]:
-    from django.db import connection, transaction
+    from django.db import connection, models, transaction
 
     from bench.outboxes import BenchCategory, BenchScope
     from outbox import outbox_context
@@ -60,6 +62,22 @@ def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[
                 object_identifier=item.pk,
                 payload={"name": item.name, "version": item.version},
             ).save()
+
+    def save_orm(i: int) -> None:
+        """The ORM floor: the same row through Django's own `Model.save` (no validation,
+        no context, no write path)."""
+        item = touch(i)
+        with transaction.atomic():
+            item.save()
+            models.Model.save(
+                RegionOutbox(
+                    shard_scope=BenchScope.OBJECT,
+                    shard_identifier=item.pk,
+                    category=BenchCategory.ITEM_UPDATE,
+                    object_identifier=item.pk,
+                    payload={"name": item.name, "version": item.version},
+                )
+            )
 
     def save_outbox_deferred(i: int) -> None:
         item = touch(i)
@@ -109,6 +127,7 @@ def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[
         "save": save,
         "save_outbox": save_outbox,
         "save_outbox_deferred": save_outbox_deferred,
+        "save_orm": save_orm,
         # The floors: the same INSERT written by hand, in its own round trip (the
         # default path's floor) and riding with the COMMIT (the deferred path's floor).
         "save_sql": sql_floor(with_commit=False),
@@ -163,6 +182,7 @@ def measure(iterations: int, block: int, with_procrastinate: bool) -> dict[str, 
         "block": block,
         "per_op_us": per_op_us,
         "ratio": per_op_us["save_outbox"] / per_op_us["save"],
+        "orm_floor_ratio": per_op_us["save_orm"] / per_op_us["save"],
         "sql_floor_ratio": per_op_us["save_sql"] / per_op_us["save"],
         "deferred_ratio": per_op_us["save_outbox_deferred"] / per_op_us["save"],
         "deferred_sql_floor_ratio": per_op_us["save_sql_commit"] / per_op_us["save"],

@@ -146,3 +146,22 @@ def test_the_dashboard_renders_its_figures(open_admin):
     assert control.locator("td.rows").first.inner_text() == "3"
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+
+def test_an_operator_retries_a_dead_letter_and_it_is_delivered(open_admin, calls):
+    poison = failed(5)
+    RegionOutbox.objects.filter(pk=poison.pk).update(
+        dead_at=timezone.now(), last_traceback="Traceback ...\nRuntimeError: poison"
+    )
+    ShardLease.objects.all().delete()  # a dead letter does not block its shard
+    page = open_admin("/admin/outbox/regionoutbox/?delivery=dead")
+    assert page.locator("td.field-delivery_state").inner_text() == "dead"
+    page.locator("input[name=_selected_action]").first.check()
+    page.select_option("select[name=action]", "retry_messages")
+    page.get_by_role("button", name="Go").click()
+    page.wait_for_load_state()
+    assert page.locator("ul.messagelist").count() == 1
+    drain_outboxes()
+    assert [call["object_identifier"] for call in calls.calls] == [poison.object_identifier]
+    page.goto(page.url.split("?")[0])
+    assert "0 region outbox messages" in page.inner_text("#changelist-form")
