@@ -10,8 +10,12 @@ A project subclasses :class:`OutboxCategory` for its message kinds and
     class Scope(OutboxScope):
         ORGANIZATION = 0, {Category.ORGANIZATION_UPDATE, Category.AUDIT_LOG_EVENT}
 
-A category belongs to exactly one scope; declaring it in two raises at import time.
-Category members are the ``sender`` of the process signals.
+A category belongs to exactly one scope; declaring it in two raises at import time, and
+so do the other declaration mistakes, each naming both declarations (module, class and
+member) and the fix: two members of one enum with one value (Python would silently make
+the second an alias of the first), two categories or two scopes of different enums, apps
+or modules with one value, and a value that does not fit its 32-bit column. Category
+members are the ``sender`` of the process signals.
 """
 
 from __future__ import annotations
@@ -31,6 +35,12 @@ def _label(member: enum.Enum) -> str:
     return f"{type(member).__name__}.{member.name}"
 
 
+def _where(member: enum.Enum) -> str:
+    """The member with its module, so two apps' `Category` classes can be told apart."""
+    cls = type(member)
+    return f"{cls.__module__}.{cls.__qualname__}.{member.name}"
+
+
 def _check_fits(member: enum.IntEnum, column: str) -> None:
     """shard_scope and category are IntegerField columns: the range every database
     stores, the one validation applies to saved rows."""
@@ -44,7 +54,30 @@ def _check_fits(member: enum.IntEnum, column: str) -> None:
         )
 
 
-class OutboxCategory(enum.IntEnum):
+def _refuse_aliases(cls: type[enum.Enum]) -> None:
+    """Two members of one enum with one value are one member (the second an alias of the
+    first): its name would resolve to the other member, and for a scope its categories
+    would be dropped without a word."""
+    for name, member in cls.__members__.items():
+        if member.name != name:
+            raise OutboxConfigurationError(
+                f"{cls.__module__}.{cls.__qualname__}.{name} = {member.value} repeats the "
+                f"value of {cls.__name__}.{member.name}, so Python makes it an alias "
+                f"of {member.name} and it would be silently dropped. Give "
+                f"{cls.__name__}.{name} a value of its own."
+            )
+
+
+class _DeclarationMeta(enum.EnumMeta):
+    # Checked once the enum class is complete: Python 3.10 does not show members to
+    # __init_subclass__ yet.
+    def __new__(mcls, *args: Any, **kwargs: Any) -> Any:
+        cls = super().__new__(mcls, *args, **kwargs)
+        _refuse_aliases(cast("type[enum.Enum]", cls))
+        return cls
+
+
+class OutboxCategory(enum.IntEnum, metaclass=_DeclarationMeta):
     """Base class of a project's categories (values unique across the project)."""
 
     @property
@@ -65,9 +98,8 @@ class OutboxCategory(enum.IntEnum):
         return None
 
 
-class _ScopeMeta(enum.EnumMeta):
-    # Registration happens once the enum class is complete: Python 3.10 does not
-    # show members to __init_subclass__ yet.
+class _ScopeMeta(_DeclarationMeta):
+    # Registration happens once the enum class is complete and its members checked.
     def __new__(mcls, *args: Any, **kwargs: Any) -> Any:
         cls = super().__new__(mcls, *args, **kwargs)
         if cls.__members__:
@@ -87,6 +119,19 @@ class OutboxScope(enum.IntEnum, metaclass=_ScopeMeta):
         return member
 
 
+def _collision(kind: str, known: enum.IntEnum, new: enum.IntEnum, free: int) -> str:
+    """Two declarations share one stored integer: name both, and a value that is free."""
+    message = (
+        f"{kind} value {new.value} is declared twice: by {_where(known)} and by "
+        f"{_where(new)}. {kind} values are stored as integers, so each must be unique "
+        f"across the project, in every app and module. Give one of them another value "
+        f"(for instance {free}, the next unused one)."
+    )
+    if _where(known) == _where(new):
+        message += " Both names are the same: is that module imported under two names, or reloaded?"
+    return message
+
+
 class Registry:
     """Where every declared scope and category is looked up by its stored integer."""
 
@@ -96,39 +141,45 @@ class Registry:
         self._scope_of: dict[OutboxCategory, OutboxScope] = {}
 
     def add_scopes(self, scope_enum: type[OutboxScope]) -> None:
-        for scope in scope_enum:
-            self._add_scope(scope)
+        """Register every member of a scope enum, or none of them."""
+        saved = (dict(self.scopes), dict(self.categories), dict(self._scope_of))
+        try:
+            for scope in scope_enum:
+                self._add_scope(scope)
+        except BaseException:
+            self.scopes, self.categories, self._scope_of = saved
+            raise
 
     def _add_scope(self, scope: OutboxScope) -> None:
         _check_fits(scope, "shard_scope")
         for category in scope.categories:
-            if isinstance(category, OutboxCategory):
-                _check_fits(category, "category")
+            _check_listed(scope, category)
         known = self.scopes.get(scope.value)
         if known is not None and known is not scope:
-            raise OutboxConfigurationError(
-                f"Scope value {scope.value} is declared twice: {_label(known)} and {_label(scope)}."
-            )
+            raise OutboxConfigurationError(_collision("Scope", known, scope, max(self.scopes) + 1))
         self.scopes[scope.value] = scope
-        for category in scope.categories:
-            if not isinstance(category, OutboxCategory):
-                raise OutboxConfigurationError(
-                    f"{_label(scope)} lists {category!r}, which is not an OutboxCategory member."
-                )
-            owner = self._scope_of.get(category)
-            if owner is not None and owner is not scope:
-                raise OutboxConfigurationError(
-                    f"Category {_label(category)} is declared in two scopes: "
-                    f"{_label(owner)} and {_label(scope)}. A category belongs to exactly one scope."
-                )
-            same_value = self.categories.get(category.value)
-            if same_value is not None and same_value is not category:
-                raise OutboxConfigurationError(
-                    f"Category value {category.value} is used by both {_label(same_value)} "
-                    f"and {_label(category)}."
-                )
-            self._scope_of[category] = scope
-            self.categories[category.value] = category
+        # Sorted, so which of two bad categories is reported does not vary between runs.
+        for category in sorted(scope.categories, key=_where):
+            self._add_category(scope, category)
+
+    def _add_category(self, scope: OutboxScope, category: OutboxCategory) -> None:
+        # By value first: IntEnum members of two enums with one value are equal, so a
+        # value collision would otherwise look like one category in two scopes.
+        same_value = self.categories.get(category.value)
+        if same_value is not None and same_value is not category:
+            raise OutboxConfigurationError(
+                _collision("Category", same_value, category, max(self.categories) + 1)
+            )
+        owner = self._scope_of.get(category)
+        if owner is not None and owner is not scope:
+            raise OutboxConfigurationError(
+                f"Category {_label(category)} is declared in two scopes: "
+                f"{_label(owner)} and {_label(scope)} ({_where(owner)} and "
+                f"{_where(scope)}). A category belongs to exactly one scope: remove it "
+                f"from one of them, or declare a second category for the other."
+            )
+        self._scope_of[category] = scope
+        self.categories[category.value] = category
 
     def scope(self, value: int) -> OutboxScope:
         try:
@@ -168,6 +219,16 @@ class Registry:
             if scope.name == name.upper():
                 return scope
         raise InvalidOutboxMessage(f"Unknown scope {name!r}.")
+
+
+def _check_listed(scope: OutboxScope, category: object) -> None:
+    if not isinstance(category, OutboxCategory):
+        raise OutboxConfigurationError(
+            f"{_where(scope)} lists {category!r}, which is not an OutboxCategory member. "
+            f"List members of an OutboxCategory subclass, e.g. "
+            f"{scope.name} = {scope.value}, {{Category.SOME_UPDATE}}."
+        )
+    _check_fits(category, "category")
 
 
 registry = Registry()

@@ -157,6 +157,13 @@ class OutboxSettings:
         "Cap of the retry delay; at least `OUTBOX_BACKOFF_BASE_SECONDS`.",
         above=0,
     )
+    FLUSH: Setting[bool] = Setting(
+        True,
+        "Default flush mode of an outermost `outbox_context` that does not say "
+        "(`flush=None`), and so of producer models: True flushes its shards right after "
+        "commit; False leaves the rows to the drain (and `OUTBOX_PROMPT_DRAIN`) unless "
+        "a context passes `flush=True`. Nested contexts inherit the enclosing choice.",
+    )
     FLUSH_STRICT: Setting[bool] = Setting(
         False,
         "Re-raise errors of the synchronous flush after commit instead of logging them "

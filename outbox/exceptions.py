@@ -29,6 +29,16 @@ class DrainInTransaction(OutboxError):
     """
 
 
+class FlushInOpenTransaction(DrainInTransaction):
+    """A synchronous flush ran while its transaction was still open.
+
+    In production on_commit callbacks run after the outermost commit, so this only
+    happens under test machinery that runs them early, such as
+    `TestCase.captureOnCommitCallbacks(execute=True)`: nothing was delivered. Raised
+    whatever OUTBOX_FLUSH_STRICT says, so such a test cannot pass silently.
+    """
+
+
 class NoReceiver(OutboxError):
     """A message's category has no connected receiver; the message is kept for later."""
 

@@ -4,6 +4,12 @@
 ``shard_scope`` and ``payload``; ``process_control_outbox`` adds ``region_name``,
 ``date_added`` and ``scheduled_for``. Receivers must be idempotent: a message is
 delivered at least once, and again if a worker dies before its delete commits.
+
+`connect` refuses a ``sender`` that is not an `OutboxCategory` member (a plain int, a
+foreign enum), naming the receiver and the fix, since the engine only ever sends category
+members and such a receiver would never run. ``sender=None`` (the default) stays allowed:
+the receiver gets every category's messages, like any Django receiver without a sender,
+and counts as a receiver of every category for the `outbox.W001` check.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from typing import Any, TypeVar
 
 from django.dispatch import Signal
 
-from outbox.categories import OutboxCategory
+from outbox.categories import OutboxCategory, registry
+from outbox.exceptions import OutboxConfigurationError
 
 
 class OutboxSignal(Signal):
@@ -24,13 +31,43 @@ class OutboxSignal(Signal):
     the job; connect() and disconnect() clear it as they clear Django's.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "an outbox signal") -> None:
         super().__init__(use_caching=True)
+        self.name = name
         self.sender_receivers_cache = {}
 
+    def connect(
+        self,
+        receiver: Callable[..., Any],
+        sender: object | None = None,
+        weak: bool = True,
+        dispatch_uid: Any = None,
+    ) -> None:
+        """Connect `receiver` to the messages of one category (`sender`), or of all (None)."""
+        if sender is not None:
+            check_sender(self.name, receiver, sender)
+        super().connect(receiver, sender, weak, dispatch_uid)
 
-process_region_outbox = OutboxSignal()
-process_control_outbox = OutboxSignal()
+
+def check_sender(signal_name: str, receiver: Callable[..., Any], sender: object) -> None:
+    """Raise OutboxConfigurationError unless `sender` is a category member."""
+    if isinstance(sender, OutboxCategory):
+        return
+    name = getattr(receiver, "__qualname__", None) or repr(receiver)
+    where = f"{getattr(receiver, '__module__', None) or '?'}.{name}"
+    known = registry.categories.get(sender) if isinstance(sender, int) else None
+    example = f"{type(known).__name__}.{known.name}" if known else "Category.SOME_UPDATE"
+    raise OutboxConfigurationError(
+        f"Receiver {where} is connected to {signal_name} with sender={sender!r} "
+        f"({type(sender).__name__}), which is not an OutboxCategory member: the engine "
+        f"sends each message with its category member, so it would never run. Connect it "
+        f"with the member, e.g. @receiver({signal_name}, sender={example}), or with no "
+        f"sender to receive every category."
+    )
+
+
+process_region_outbox = OutboxSignal("process_region_outbox")
+process_control_outbox = OutboxSignal("process_control_outbox")
 
 _Receiver = TypeVar("_Receiver", bound=Callable[..., Any])
 
@@ -50,6 +87,7 @@ def transactional_receiver(
     """
 
     def decorator(func: _Receiver) -> _Receiver:
+        check_sender(getattr(signal, "name", "the signal"), func, sender)
         signal.connect(func, sender=sender, **connect_kwargs)
         _transactional.add((id(signal), sender))
         return func

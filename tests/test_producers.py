@@ -107,3 +107,48 @@ def test_update_emits_in_batches_for_every_changed_object(calls, monkeypatch):
     # Flushed after the update's commit: one message per object, with its new state.
     assert sorted(c["object_identifier"] for c in calls.calls) == sorted(o.pk for o in orgs)
     assert {p["name"] for p in calls.payloads()} == {"batched"}
+
+
+def test_default_delete_message_is_the_update_message_with_no_payload(calls):
+    # Account does not override outboxes_for_delete(): receivers tell a delete by
+    # `payload is None`, on the same shard, category and object as its updates.
+    with outbox_context(transaction.atomic(using="control"), flush=False):
+        kept, gone, bulk_gone = (
+            Account.objects.create(email=f"{name}@example.com") for name in ("k", "g", "b")
+        )
+        gone_pk, bulk_gone_pk = gone.pk, bulk_gone.pk
+        gone.delete()
+        Account.objects.filter(pk=bulk_gone_pk).delete()
+    deletes = [
+        (row.category, row.shard_identifier, row.object_identifier, row.payload)
+        for row in ControlOutbox.objects.order_by("id")[3:]
+    ]
+    assert deletes == [
+        (Category.USER_UPDATE, gone_pk, gone_pk, None),
+        (Category.USER_UPDATE, bulk_gone_pk, bulk_gone_pk, None),
+    ]
+    assert kept.outboxes_for_delete()[0].payload is None
+    assert kept.outboxes_for_update()[0].payload == {"email": "k@example.com"}
+
+
+def test_outbox_flush_false_leaves_producers_and_contexts_to_the_drain(calls, settings):
+    settings.OUTBOX_FLUSH = False
+    Organization.objects.create(name="drained later")
+    with outbox_context():  # no transaction needed when nothing is flushed
+        Organization.objects.create(name="also later")
+    assert calls.calls == [] and RegionOutbox.objects.count() == 2
+    # A context that asks for a flush still gets one, and its nested contexts with it.
+    with outbox_context(transaction.atomic(), flush=True), outbox_context():
+        Organization.objects.create(name="now")
+    assert calls.payloads() == [{"name": "now"}]  # its own shard only
+    assert RegionOutbox.objects.count() == 2
+
+
+def test_outbox_flush_is_a_checked_setting(settings):
+    from outbox.conf import outbox_settings
+    from outbox.exceptions import OutboxConfigurationError
+
+    assert outbox_settings.FLUSH is True
+    settings.OUTBOX_FLUSH = "no"
+    with pytest.raises(OutboxConfigurationError, match="OUTBOX_FLUSH is 'no'"):
+        outbox_settings.FLUSH  # noqa: B018

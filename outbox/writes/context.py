@@ -53,9 +53,10 @@ def outbox_context(
 ) -> Iterator[Atomic | None]:
     """Group outbox writes; flush their shards right after `transaction` commits.
 
-    `flush=None` inherits the enclosing context's choice (True at the outermost level);
-    `flush=False` leaves the rows to the drain. Flushing needs a transaction, given here
-    or by an enclosing context. A rolled-back transaction flushes nothing.
+    `flush=None` inherits the enclosing context's choice (at the outermost level,
+    OUTBOX_FLUSH, True by default); `flush=False` leaves the rows to the drain. Flushing
+    needs a transaction, given here or by an enclosing context. A rolled-back
+    transaction flushes nothing.
 
     `defer=True` (default: OUTBOX_DEFER_WRITES) holds the outbox rows saved in the block
     and writes them with one bulk insert as it commits, where this context opens the
@@ -91,12 +92,12 @@ def outbox_context(
 def _new_frame(outer: _Frame | None, transaction: Atomic | None, flush: bool | None) -> _Frame:
     """A frame inside `outer` (if any), sharing its pending work."""
     if flush is None:
-        flush = outer.flush if outer is not None else True
+        flush = outer.flush if outer is not None else outbox_settings.FLUSH
     has_transaction = transaction is not None or (outer is not None and outer.has_transaction)
     if flush and not has_transaction:
         raise OutboxError(
-            "outbox_context(flush=True) needs a transaction: pass "
-            "transaction.atomic(using=...) or flush=False."
+            "outbox_context(flush=True) (the default with OUTBOX_FLUSH on) needs a "
+            "transaction: pass transaction.atomic(using=...) or flush=False."
         )
     return _Frame(
         flush,

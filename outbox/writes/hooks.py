@@ -5,11 +5,16 @@
 - `commit_with_last_insert(using)`: an execute wrapper that sends the COMMIT in the
   same round trip as the deferred writer's last INSERT, or None where the database
   cannot (a capability of the PostgreSQL backend).
+
+`in_transaction_flush` is set only by `outbox.testing.eager_delivery()`: the flush to
+run instead of refusing when on_commit callbacks run inside the still open transaction
+(test machinery such as `TestCase.captureOnCommitCallbacks(execute=True)`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,3 +34,9 @@ class WriteHooks:
 
 
 hooks = WriteHooks()
+
+# A ContextVar, not a field of `hooks`: turning eager delivery on in one test (thread,
+# asyncio task) never changes what another one does.
+in_transaction_flush: ContextVar[Callable[[str, FlushBounds], object] | None] = ContextVar(
+    "outbox_in_transaction_flush", default=None
+)

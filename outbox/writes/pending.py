@@ -4,6 +4,11 @@
 `PendingPromptDrain` gives rows left to the drain to the OUTBOX_PROMPT_DRAIN hook, which
 enqueues a drain task for them. After commit the rows are durable: a failing hook is
 logged, not raised into the request, unless OUTBOX_FLUSH_STRICT.
+
+A flush that finds its transaction still open was run early by test machinery
+(`TestCase.captureOnCommitCallbacks(execute=True)`): it delivers eagerly where
+`outbox.testing.eager_delivery()` asked for that, and raises FlushInOpenTransaction
+otherwise, so that a test never passes with nothing delivered.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from django.db import connections
 from django.utils.module_loading import import_string
 
 from outbox.conf import outbox_settings
+from outbox.exceptions import FlushInOpenTransaction
 from outbox.shards import ShardKey
-from outbox.writes.hooks import hooks
+from outbox.writes.hooks import hooks, in_transaction_flush
 
 if TYPE_CHECKING:
     from outbox.models import OutboxBase
@@ -51,8 +58,28 @@ class PendingFlush:
         flush = hooks.flush
         if flush is None:  # the app is not ready (or not installed): leave it to the drain
             return
+        if connections[self.using].in_atomic_block:
+            self._run_in_open_transaction()
+            return
         with _logged_unless_strict("outbox.flush_failed", self.using, self.bounds):
             flush(self.using, self.bounds)
+
+    def _run_in_open_transaction(self) -> None:
+        """On_commit callbacks running before the commit: only test machinery does
+        that. Deliver eagerly if the test asked for it; never pass silently."""
+        eager = in_transaction_flush.get()
+        if eager is not None:
+            eager(self.using, self.bounds)
+            return
+        shards = ", ".join(str(key) for keys in self.bounds.values() for key in keys)
+        raise FlushInOpenTransaction(
+            f"The outbox flush of shards {shards} ran inside an open transaction on "
+            f"{self.using!r}, so nothing was delivered: on_commit callbacks ran before "
+            "the commit, as TestCase.captureOnCommitCallbacks(execute=True) does. To "
+            "deliver inside the test transaction, use outbox.testing.eager_delivery() "
+            "(pytest fixture `outbox_eager`, or OutboxTestMixin); to commit for real, "
+            "use TransactionTestCase or pytest.mark.django_db(transaction=True)."
+        )
 
 
 @dataclass

@@ -3,7 +3,18 @@
 Subclass `OutboxProducer` and implement `outboxes_for_update()` (and, if deletes need a
 different message, `outboxes_for_delete()`). The model change and its outbox rows are
 written in one transaction on the model's database; the shards are flushed after commit
-unless an enclosing `outbox_context(flush=False)` says otherwise.
+unless an enclosing `outbox_context(flush=False)` (or `OUTBOX_FLUSH = False`) says
+otherwise.
+
+A delete is announced by default with the update messages carrying ``payload=None``, so
+a receiver tells a delete from an update by its payload::
+
+    @receiver(process_region_outbox, sender=Category.ORGANIZATION_UPDATE)
+    def sync_org(object_identifier, payload, **kwargs):
+        if payload is None:  # the organization was deleted
+            Replica.objects.filter(id=object_identifier).delete()
+        else:
+            Replica.objects.update_or_create(id=object_identifier, defaults=payload)
 """
 
 from __future__ import annotations
@@ -42,7 +53,10 @@ def _producing(using: str) -> Iterator[None]:
 
 class OutboxProducerQuerySet(models.QuerySet[_Model]):
     def bulk_create(self, objs: Iterable[_Model], *args: Any, **kwargs: Any) -> list[_Model]:
-        """Insert in bulk, then emit each object's messages (they need its primary key).
+        """Insert in bulk, then emit each object's messages (they need its primary key),
+        all in one transaction: one INSERT for the objects, one per outbox table::
+
+            Organization.objects.bulk_create([Organization(name=n) for n in names])
 
         Where the database cannot return keys from a bulk insert (MySQL), the objects are
         inserted one by one instead. Conflict handling is refused: the messages would
@@ -69,6 +83,13 @@ class OutboxProducerQuerySet(models.QuerySet[_Model]):
         return created
 
     def bulk_update(self, objs: Iterable[_Model], *args: Any, **kwargs: Any) -> int:
+        """Update in bulk, then emit each object's update messages from the objects as
+        given (not re-read), in one transaction::
+
+            for org in orgs:
+                org.name = org.name.strip()
+            Organization.objects.bulk_update(orgs, ["name"])
+        """
         objs = list(objs)
         with _producing(self.db):
             # Django's bulk_update calls update(); a plain queryset keeps that from
@@ -81,7 +102,11 @@ class OutboxProducerQuerySet(models.QuerySet[_Model]):
     def update(self, **kwargs: Any) -> int:
         """Update, then emit each changed object's messages, `UPDATE_BATCH` objects at a
         time: memory stays bounded by the batch (and the list of primary keys), not by
-        the number of rows updated."""
+        the number of rows updated. The rows are locked (`select_for_update`) first and
+        re-read after the UPDATE, so the messages describe the state it produced::
+
+            Organization.objects.filter(plan="trial").update(plan="free")
+        """
         with _producing(self.db):
             # Lock the rows so the messages describe the state this update produced.
             pks = list(self.select_for_update().values_list("pk", flat=True))
@@ -93,6 +118,13 @@ class OutboxProducerQuerySet(models.QuerySet[_Model]):
         return count
 
     def delete(self) -> tuple[int, dict[str, int]]:
+        """Delete, emitting each object's `outboxes_for_delete()` (built before the rows
+        go, so they still have their primary key), in one transaction::
+
+            Organization.objects.filter(name__startswith="test-").delete()
+
+        Objects that Django's cascade deletes send nothing of their own.
+        """
         with _producing(self.db):
             outboxes = [
                 outbox for obj in self.select_for_update() for outbox in obj.outboxes_for_delete()
@@ -129,5 +161,16 @@ class OutboxProducer(models.Model):
         raise NotImplementedError(f"{type(self).__name__} must implement outboxes_for_update()")
 
     def outboxes_for_delete(self) -> list[OutboxBase]:
-        """The messages announcing this object's deletion (by default, as an update)."""
-        return self.outboxes_for_update()
+        """The messages announcing this object's deletion.
+
+        By default, the messages of `outboxes_for_update()` with ``payload=None``: same
+        shard, category and object, so a delete coalesces with the updates still pending
+        for the object and wins over them, and receivers tell it apart by
+        ``payload is None``. (If your update messages carry no payload either, receivers
+        re-read the object: it is gone.) Override it to send something else, e.g. the
+        last state (``return self.outboxes_for_update()``) or a category of its own.
+        """
+        outboxes = self.outboxes_for_update()
+        for outbox in outboxes:
+            outbox.payload = None
+        return outboxes
