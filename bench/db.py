@@ -29,11 +29,12 @@ def conninfo(dbname: str | None = None) -> dict[str, Any]:
 
 
 def create_database(name: str) -> None:
-    """Create the bench database if it does not exist yet."""
+    """Create the bench database afresh: it is scratch, and a schema left by an older
+    version of the app (whose migrations may have been rewritten) must not survive."""
     with psycopg.connect(**conninfo("postgres"), autocommit=True, connect_timeout=10) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
-        if not exists:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        database = sql.Identifier(name)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(database))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(database))
 
 
 def setup_django() -> None:

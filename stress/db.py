@@ -34,16 +34,17 @@ def _raw(dbname: str | None) -> Any:
 
 
 def create_database(name: str) -> None:
-    """Create the stress database if it does not exist."""
+    """Create the stress database afresh: it is scratch, and a schema left by an older
+    version of the app (whose migrations may have been rewritten) must not survive."""
     conn = _raw(None)
     try:
         cur = conn.cursor()
         if os.environ.get("STRESS_DB", "postgres") == "postgres":
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
-            if not cur.fetchone():
-                cur.execute(f'CREATE DATABASE "{name}"')
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            cur.execute(f'CREATE DATABASE "{name}"')
         else:
-            cur.execute(f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4")
+            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+            cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
     finally:
         conn.close()
 
