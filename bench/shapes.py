@@ -60,11 +60,13 @@ class Shape:
             }
 
 
-def audit_log(rows: int) -> Shape:
-    """One message per shard: every shard is claimed, delivered and released for one row."""
+def audit_log(rows: int, suffix: str = "") -> Shape:
+    """One message per shard: every shard is claimed, delivered and released for one row.
+
+    `suffix` tells apart two sizes of this shape in one run (`one_per_shard_20k`)."""
     return Shape(
-        "one_per_shard",
-        "one message per shard (audit log)",
+        f"one_per_shard{suffix}",
+        f"one message per shard (audit log{', ' + suffix.strip('_') if suffix else ''})",
         BenchScope.AUDIT,
         BenchCategory.AUDIT_EVENT,
         rows,

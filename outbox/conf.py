@@ -142,7 +142,11 @@ class OutboxSettings:
         above=0,
     )
     BATCH_SHARDS: Setting[int] = Setting(
-        100, "How many due shards one worker claims at once.", at_least=1
+        100,
+        "How many due shards one worker claims at once. On PostgreSQL's fast path a drain "
+        "whose shards hold only a row or two each claims more, up to `OUTBOX_BATCH_ROWS` "
+        "shards per batch, so one message per shard costs the same round trips per message.",
+        at_least=1,
     )
     BATCH_ROWS: Setting[int] = Setting(
         2000,

@@ -261,6 +261,40 @@ def test_query_count_does_not_grow_with_shards_or_groups(shards, groups, setting
     assert len(engine_statements(captured)) == expected, engine_statements(captured)
 
 
+@pytest.mark.parametrize("shards", [500, 1500])
+def test_one_message_per_shard_costs_statements_per_window_not_per_shard(shards, settings):
+    settings.OUTBOX_BATCH_SHARDS = 100
+    settings.OUTBOX_BATCH_ROWS = 2000
+    RegionOutbox.objects.bulk_create(
+        [RegionOutboxFactory.build(shard_identifier=shard) for shard in range(shards)]
+    )
+    with CaptureQueriesContext(connection) as captured:
+        stats = drain_outboxes([RegionOutbox])
+    assert (stats.rows_retired, stats.shards) == (shards, shards)
+    statements = engine_statements(captured)
+    if isinstance(get_backend("default"), PostgresBackend):
+        # A batch of 100 shards finds them small, so the next batch claims up to
+        # BATCH_ROWS (2000) shards: the rest, after the cursor and wrapped around. Claim,
+        # read, settle; claim (after, until), read, settle; the empty claim (after,
+        # until). As many for 500 shards as for 1500.
+        assert len(statements) == 9, statements
+    else:
+        # The portable path keeps batches of BATCH_SHARDS: 8 statements per batch.
+        batches = -(-shards // 100)
+        assert len(statements) <= 8 * batches + 1, len(statements)
+
+
+def test_control_shards_with_any_region_name_claim_read_and_settle(calls):
+    regions = ["eu", 'a"b', "c\\d", "e,f", "{g}", "NULL", " h ", "ü"]
+    for region in regions:
+        ControlOutboxFactory(region_name=region, shard_identifier=1, payload={"r": region})
+    stats = drain_outboxes([ControlOutbox])
+    assert (stats.shards, stats.rows_retired) == (len(regions), len(regions))
+    assert sorted(c["region_name"] for c in calls.calls) == sorted(regions)
+    assert all(c["payload"] == {"r": c["region_name"]} for c in calls.calls)
+    assert not ControlOutbox.objects.exists() and not ShardLease.objects.exists()
+
+
 def test_drain_shards_takes_only_the_given_shards(calls):
     for shard in (1, 2, 3):
         RegionOutboxFactory(shard_identifier=shard, object_identifier=shard)

@@ -189,6 +189,11 @@ ExecuteWrapper = Callable[..., Any]
 class OutboxBackend(ABC):
     """Database operations of the engine for one database alias."""
 
+    # Whether claim, read_window and settle stay one statement each however many shards
+    # they touch: the engine may then claim up to OUTBOX_BATCH_ROWS shards at once when
+    # its shards hold a row or two each. Else it claims OUTBOX_BATCH_SHARDS at most.
+    wide_batches = False
+
     def __init__(self, using: str) -> None:
         self.using = using
 

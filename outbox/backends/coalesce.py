@@ -25,6 +25,7 @@ def coalesce(model: type[OutboxBase], rows: Sequence[Sequence[Any]]) -> Coalesce
     This loop runs once per row read, so it is kept tight.
     """
     width = len(model.shard_fields)
+    unregioned = model.shard_fields == ("shard_scope", "shard_identifier")
     groups: dict[ShardKey, list[Group]] = {}
     newest: dict[Group, Sequence[Any]] = {}
     read: dict[ShardKey, int] = {}
@@ -40,7 +41,7 @@ def coalesce(model: type[OutboxBase], rows: Sequence[Sequence[Any]]) -> Coalesce
         if raw != last_raw:  # rows of one shard usually come together
             last_raw = raw
             if raw not in per_shard:
-                key = model.shard_key_of(raw)
+                key = ShardKey("", *raw) if unregioned else model.shard_key_of(raw)
                 per_shard[raw] = (key, groups.setdefault(key, []), {})
                 read[key] = 0
             shard, shard_groups, by_object = per_shard[raw]

@@ -75,15 +75,24 @@ def int_array(values: Sequence[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
-def key_arrays(keys: Sequence[ShardKey]) -> tuple[list[str], list[int], list[int]]:
-    return (
-        [key.region_name for key in keys],
-        [key.shard_scope for key in keys],
-        [key.shard_identifier for key in keys],
-    )
+def text_array(values: Sequence[str]) -> str:
+    """An array literal for `%s::text[]`, every element quoted (so "" and NULL are text)."""
+    if not any(values):  # region outboxes: every region name is ""
+        return "{" + ",".join(['""'] * len(values)) + "}"
+    quoted = (value.replace("\\", "\\\\").replace('"', '\\"') for value in values)
+    return "{" + ",".join(f'"{value}"' for value in quoted) + "}"
 
 
-def key_params(prefix: str, keys: Sequence[ShardKey]) -> dict[str, list[Any]]:
+def key_arrays(keys: Sequence[ShardKey]) -> tuple[str, str, str]:
+    """Shard keys as three array literals: binding lists element by element costs more
+    than the statement itself when a batch holds thousands of one-row shards."""
+    if not keys:
+        return "{}", "{}", "{}"
+    regions, scopes, identifiers = zip(*keys, strict=True)
+    return text_array(regions), int_array(scopes), int_array(identifiers)
+
+
+def key_params(prefix: str, keys: Sequence[ShardKey]) -> dict[str, str]:
     """Shard keys as the three parallel arrays `{prefix}_regions`, `_scopes`, `_identifiers`."""
     regions, scopes, identifiers = key_arrays(keys)
     return {
@@ -138,6 +147,8 @@ def settle_params(model: type[OutboxBase], lease: Lease, settlement: Settlement)
 
 
 class PostgresBackend(OutboxBackend):
+    wide_batches = True
+
     @classmethod
     def supports(cls, connection: BaseDatabaseWrapper) -> bool:
         return connection.vendor == "postgresql" and bool(
@@ -204,8 +215,11 @@ class PostgresBackend(OutboxBackend):
         self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int
     ) -> Window:
         # Each shard gets its share of the window, read through the shard index, so the
-        # cost follows the rows read and not the size of the shards.
-        per_shard = max(limit // max(len(shards), 1), 100)
+        # cost follows the rows read and not the size of the shards: at least 100 rows
+        # for a batch of up to 100 shards, fewer (never under 2, so a one-row shard is
+        # read to its end) for a wide batch of small shards, about 10k rows at most.
+        count = max(len(shards), 1)
+        per_shard = max(limit // count, min(100, max(10_000 // count, 2)))
         rows = self._fetch(statements(model).read_window, [*key_arrays(shards), per_shard])
         groups, newest, read, cut = coalesce(model, rows)
         decode = self._decoder(model)

@@ -263,7 +263,7 @@ class _Renderer:
                                         %(b_identifiers)s::bigint[], %(b_delays)s::float8[])
                     AS b(region_name, shard_scope, shard_identifier, delay)
                     ON {self.same_lease("h", "b")}
-                WHERE l."id" = h."id"
+                WHERE l."id" = h."id" AND cardinality(%(b_delays)s::float8[]) > 0 -- none: skip
                 RETURNING 1
             ),
             released AS (

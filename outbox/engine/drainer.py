@@ -64,12 +64,14 @@ class Drainer:
         stats = DrainStats()
         started = time.monotonic()
         idle_rounds = 0
+        limit = outbox_settings.BATCH_SHARDS
         while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            lease = self._claim(self._new_lease(), outbox_settings.BATCH_SHARDS)
+            lease = self._claim(self._new_lease(), limit)
             if not lease.shards:
                 break
             batch = self._work(lease, bounds=None)
             stats.add(batch)
+            limit = self._shard_budget(batch)
             # A batch whose shards all came back empty (drained by someone else a moment
             # ago) is no progress; never spin on those.
             progressed = (
@@ -80,6 +82,21 @@ class Drainer:
                 break
         stats.seconds = time.monotonic() - started
         return stats
+
+    def _shard_budget(self, batch: DrainStats) -> int:
+        """How many shards the next batch claims: OUTBOX_BATCH_SHARDS; or, on a backend
+        whose steps cost one statement each whatever the shard count, as many shards as
+        fill a window of OUTBOX_BATCH_ROWS at the last batch's rows per shard (one message
+        per shard: up to OUTBOX_BATCH_ROWS shards), so small shards cost no more round
+        trips per message than big ones."""
+        shards = outbox_settings.BATCH_SHARDS
+        if not self.backend.wide_batches or not batch.shards:
+            return shards
+        rows = batch.rows_retired + batch.failures + batch.dead_lettered
+        per_shard = max(rows / batch.shards, 1.0)
+        return max(
+            shards, min(outbox_settings.BATCH_ROWS, int(outbox_settings.BATCH_ROWS / per_shard))
+        )
 
     def drain_shards(self, shards: Sequence[ShardKey]) -> DrainStats:
         """Drain these shards completely, where they are due and nobody holds them.
