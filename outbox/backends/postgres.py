@@ -37,6 +37,7 @@ from outbox.backends.coalesce import coalesce
 from outbox.backends.postgres_sql import statements
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
+from outbox.signals import message_processed
 
 # PostgreSQL prints jsonb without surrounding whitespace: raw_decode skips the checks
 # json.loads makes for it, which matter at one call per message.
@@ -220,7 +221,12 @@ class PostgresBackend(OutboxBackend):
         # read to its end) for a wide batch of small shards, about 10k rows at most.
         count = max(len(shards), 1)
         per_shard = max(limit // count, min(100, max(10_000 // count, 2)))
-        rows = self._fetch(statements(model).read_window, [*key_arrays(shards), per_shard])
+        # The newest rows' date_added only when a lifecycle receiver measures the lag:
+        # parsing a timestamp per message costs the drain about a tenth of its time.
+        sql = statements(model)
+        timed = message_processed.has_listeners(model)
+        statement = sql.read_window_timed if timed else sql.read_window
+        rows = self._fetch(statement, [*key_arrays(shards), per_shard])
         groups, newest, read, cut = coalesce(model, rows)
         decode = self._decoder(model)
         message_at = len(model.shard_fields) + 5

@@ -1,8 +1,6 @@
 """Every SQL statement of the PostgreSQL fast path, named, rendered once per outbox table.
-
 Shard keys travel as parallel arrays (`unnest(%s::text[], %s::int[], %s::bigint[])`), so
-each statement has one text and one plan however many shards or rows it touches.
-"""
+each statement has one text and one plan however many shards or rows it touches."""
 
 from __future__ import annotations
 
@@ -25,6 +23,7 @@ class Statements:
     claim_walk_until: str  # the same, from the start up to a key (the wrap-around)
     claim_keys: str  # of the given keys, claim the due, free ones
     read_window: str  # the first rows of each claimed shard, payload only for the newest
+    read_window_timed: str  # the same, with the newest rows' date_added (for the lag)
     settle: str  # delete delivered rows, reschedule failed ones, back off, release
     renew: str  # extend a lease, returning the shards still held
     release: str  # drop a lease on some shards
@@ -166,15 +165,15 @@ class _Renderer:
             )
             SELECT * FROM retaken UNION ALL SELECT * FROM fresh"""
 
-    def read_window(self) -> str:
+    def read_window(self, timed: bool = False) -> str:
         """Payload, times and receivers done go only with each group's newest row: the
         others cost nothing to transfer or decode. Dead rows are never read; a shard stops
         before its first row not yet due (`before_cut`), which is no group's newest."""
         cols = ", ".join(f"r.{column}" for column in self.cols)
         newest = 'r."id" = max(r."id") OVER newest_of_group'
-        times = [  # date_added always: the processing lag is measured from it
+        times = [  # date_added also when timed: the processing lag is measured from it
             f'CASE WHEN {newest} THEN r."{column}" END'
-            if column == "date_added" or column in self.message_columns
+            if (timed and column == "date_added") or column in self.message_columns
             else "NULL::timestamptz"
             for column in ("date_added", "scheduled_for")
         ]
@@ -284,6 +283,7 @@ class _Renderer:
             claim_walk_until=f"WITH RECURSIVE {self.walk('until')}, {claim}",
             claim_keys=f"WITH {self.given_keys()}, {claim}",
             read_window=self.read_window(),
+            read_window_timed=self.read_window(timed=True),
             settle=self.settle(),
             renew=f"""
                 UPDATE {self.lease}

@@ -10,7 +10,7 @@ back, so none of them counts as done.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -91,25 +91,30 @@ def _send(
     # No receiver connected: never count that as delivered.
     if not receivers:
         raise NoReceiver(f"no receiver is connected for category {category.name}")
-    succeeded = list(done)
+    # Receiver ids are worked out only when needed (a retry, a failure): the happy path
+    # calls the receivers and nothing more.
+    succeeded: list[Callable[..., Any]] = []
     errors: list[tuple[str, Exception]] = []
-    for name, call in receivers:
-        if name in done:
+    for receiver, call in receivers:
+        if done and receiver_id(receiver) in done:
             continue
         try:
             call(signal=signal, sender=category, **kwargs)
         except Exception as exc:
-            errors.append((name, exc))
+            errors.append((receiver_id(receiver), exc))
             if not robust:
                 break
         else:
-            succeeded.append(name)
+            succeeded.append(receiver)
     if errors:
-        raise DeliveryFailed(errors, succeeded)
+        raise DeliveryFailed(errors, [*done, *map(receiver_id, succeeded)])
 
 
-def _receivers(signal: Signal, category: OutboxCategory) -> list[tuple[str, Callable[..., Any]]]:
-    """The live receivers for `category`, sync ones first, as `send_robust` orders them.
+def _receivers(
+    signal: Signal, category: OutboxCategory
+) -> list[tuple[Callable[..., Any], Callable[..., Any]]]:
+    """The live receivers for `category` and how to call each, sync ones first, as
+    `send_robust` orders them.
 
     Django has no public way to call receivers one by one and skip some: see
     `outbox.internals.live_receivers`.
@@ -117,8 +122,7 @@ def _receivers(signal: Signal, category: OutboxCategory) -> list[tuple[str, Call
     if not signal.receivers:
         return []
     sync_receivers, async_receivers = live_receivers(signal, category)
-    calls: Iterable[tuple[str, Callable[..., Any]]] = [
-        *((receiver_id(r), r) for r in sync_receivers),
-        *((receiver_id(r), async_to_sync(r)) for r in async_receivers),
+    return [
+        *((r, r) for r in sync_receivers),
+        *((r, async_to_sync(r)) for r in async_receivers),
     ]
-    return list(calls)
