@@ -46,6 +46,16 @@ def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[
         item.version += 1
         return item
 
+    def outbox_row(item: Any) -> RegionOutbox:
+        """The one outbox row every variant writes for a save of `item`."""
+        return RegionOutbox(
+            shard_scope=BenchScope.OBJECT,
+            shard_identifier=item.pk,
+            category=BenchCategory.ITEM_UPDATE,
+            object_identifier=item.pk,
+            payload={"name": item.name, "version": item.version},
+        )
+
     def save(i: int) -> None:
         item = touch(i)
         with transaction.atomic():
@@ -55,13 +65,7 @@ def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[
         item = touch(i)
         with outbox_context(transaction.atomic(), flush=False):
             item.save()
-            RegionOutbox(
-                shard_scope=BenchScope.OBJECT,
-                shard_identifier=item.pk,
-                category=BenchCategory.ITEM_UPDATE,
-                object_identifier=item.pk,
-                payload={"name": item.name, "version": item.version},
-            ).save()
+            outbox_row(item).save()
 
     def save_orm(i: int) -> None:
         """The ORM floor: the same row through Django's own `Model.save` (no validation,
@@ -69,27 +73,13 @@ def _variants(items: list[Any], with_procrastinate: bool) -> dict[str, Callable[
         item = touch(i)
         with transaction.atomic():
             item.save()
-            models.Model.save(
-                RegionOutbox(
-                    shard_scope=BenchScope.OBJECT,
-                    shard_identifier=item.pk,
-                    category=BenchCategory.ITEM_UPDATE,
-                    object_identifier=item.pk,
-                    payload={"name": item.name, "version": item.version},
-                )
-            )
+            models.Model.save(outbox_row(item))
 
     def save_outbox_deferred(i: int) -> None:
         item = touch(i)
         with outbox_context(transaction.atomic(), flush=False, defer=True):
             item.save()
-            RegionOutbox(
-                shard_scope=BenchScope.OBJECT,
-                shard_identifier=item.pk,
-                category=BenchCategory.ITEM_UPDATE,
-                object_identifier=item.pk,
-                payload={"name": item.name, "version": item.version},
-            ).save()
+            outbox_row(item).save()
 
     # The statement the outbox sends for this row (the columns it does not leave to
     # database defaults), with the COMMIT where the outbox sends it along too.
