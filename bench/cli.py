@@ -20,7 +20,14 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-ONLY_ALL = "sync,write,drains,scale"
+ONLY_BASE = "sync,write,drains,scale"
+
+
+def only_all() -> str:
+    """Every section: the base ones and the extra section modules present."""
+    from bench import sections
+
+    return ",".join([ONLY_BASE, *sections.MODULES])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,8 +67,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        default=ONLY_ALL,
-        help="comma-separated sections to run (default: all)",
+        default=None,
+        help="comma-separated sections to run (default: all): "
+        + ONLY_BASE
+        + ", and the extra sections of bench/sections.py",
     )
     parser.add_argument("--contenders", help="comma-separated contender names (default: all)")
     parser.add_argument(
@@ -189,12 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     from django.conf import settings
 
     from bench import report, sync_flush, write_overhead
+    from bench import sections as extra_sections
     from bench.runner import contenders
     from bench.sizes import MODES
 
     sizes = MODES[args.mode]
     budget = args.budget or sizes.drain_budget
-    sections = {part.strip() for part in args.only.split(",") if part.strip()}
+    only = args.only or only_all()
+    sections = {part.strip() for part in only.split(",") if part.strip()}
     with_procrastinate = getattr(settings, "HAS_PROCRASTINATE", False) and not args.no_procrastinate
     selected = contenders(args.batch_rows, with_procrastinate)
     if args.contenders:
@@ -235,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
         if "scale" in sections:
             data["scale"], found = run_scale(sizes, started)
             problems += found
+        for name, module in extra_sections.available().items():
+            if name in sections:
+                log(started, f"section {name}")
+                data[name] = module.measure(args.mode, lambda line: log(started, line))
+                problems += data[name].pop("problems", [])
     finally:
         from bench.db import reset
 
@@ -245,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     data["total_seconds"] = time.perf_counter() - started
     report.summarize(data)
     # A partial run never replaces the published full run.
-    partial = args.mode == "full" and args.only != ONLY_ALL
+    partial = (
+        args.mode == "full"
+        and args.only is not None
+        and set(sections) != set(only_all().split(","))
+    )
     default_stem = "partial" if partial else args.mode
     stem = args.name or {"full": "latest"}.get(default_stem, default_stem)
     written = report.write(data, args.out or RESULTS, stem)

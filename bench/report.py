@@ -242,6 +242,9 @@ def markdown(data: dict[str, Any]) -> str:
             )
         if scale["ratio"] is not None:
             lines.append(f"| scale: per-row rate {scale['ratio_of']} | **{scale['ratio']:.2f}x** |")
+    from bench import sections
+
+    lines += sections.markdown(data)
     if data.get("problems"):
         lines += ["", "## Problems", ""] + [f"- {problem}" for problem in data["problems"]]
     lines += [

@@ -54,60 +54,82 @@ def done_before(message: Any) -> frozenset[str]:
     return frozenset(json.loads(recorded)) if recorded else frozenset()
 
 
-def send(model: type[OutboxBase], group: Group, retire: Callable[[], bool], using: str) -> bool:
-    """Call the group's receivers with its newest payload.
+class Dispatch:
+    """Delivery to one outbox table's receivers, for one window of messages.
 
-    Returns True when the group's rows were already deleted, inside the receivers'
-    own transaction (transactional receivers); False when the caller must retire them.
-    Raises DeliveryFailed when a receiver raised (after the others ran); a category with
-    no receiver raises NoReceiver.
+    Each category's receivers, and whether they are transactional, are looked up once per
+    window rather than once per message: a receiver connected or disconnected meanwhile
+    takes effect from the next window.
     """
-    category = registry.category(group.category)
-    signal = model.process_signal
-    kwargs = model.message_kwargs(group.message)
-    if not is_transactional(signal, category):
-        _send(signal, category, kwargs, done_before(group.message), robust=True)
-        return False
-    try:
-        with transaction.atomic(using=using):
-            _send(signal, category, kwargs, frozenset(), robust=False)
-            if not retire():
-                raise LeaseLost(f"lease of shard {group.shard} was lost")
-    except DeliveryFailed as failed:
-        # Rolled back: nothing any of them did counts.
-        raise DeliveryFailed(failed.errors, []) from None
-    return True
 
+    def __init__(self, model: type[OutboxBase], using: str) -> None:
+        self.model = model
+        self.using = using
+        self.signal = model.process_signal
+        self._routes: dict[int, _Route] = {}
 
-def _send(
-    signal: Signal,
-    category: OutboxCategory,
-    kwargs: dict[str, Any],
-    done: frozenset[str],
-    *,
-    robust: bool,
-) -> None:
-    receivers = _receivers(signal, category)
-    # No receiver connected: never count that as delivered.
-    if not receivers:
-        raise NoReceiver(f"no receiver is connected for category {category.name}")
-    # Receiver ids are worked out only when needed (a retry, a failure): the happy path
-    # calls the receivers and nothing more.
-    succeeded: list[Callable[..., Any]] = []
-    errors: list[tuple[str, Exception]] = []
-    for receiver, call in receivers:
-        if done and receiver_id(receiver) in done:
-            continue
+    def send(self, group: Group, retire: Callable[[], bool]) -> bool:
+        """Call the group's receivers with its newest payload.
+
+        Returns True when the group's rows were already deleted, inside the receivers'
+        own transaction (transactional receivers); False when the caller must retire
+        them. Raises DeliveryFailed when a receiver raised (after the others ran); a
+        category with no receiver raises NoReceiver.
+        """
+        route = self._routes.get(group.category)
+        if route is None:
+            route = self._routes[group.category] = _Route(self.signal, group.category)
+        kwargs = self.model.message_kwargs(group.message)
+        if not route.transactional:
+            route.send(kwargs, done_before(group.message), robust=True)
+            return False
         try:
-            call(signal=signal, sender=category, **kwargs)
-        except Exception as exc:
-            errors.append((receiver_id(receiver), exc))
-            if not robust:
-                break
-        else:
-            succeeded.append(receiver)
-    if errors:
-        raise DeliveryFailed(errors, [*done, *map(receiver_id, succeeded)])
+            with transaction.atomic(using=self.using):
+                route.send(kwargs, frozenset(), robust=False)
+                if not retire():
+                    raise LeaseLost(f"lease of shard {group.shard} was lost")
+        except DeliveryFailed as failed:
+            # Rolled back: nothing any of them did counts.
+            raise DeliveryFailed(failed.errors, []) from None
+        return True
+
+
+def send(model: type[OutboxBase], group: Group, retire: Callable[[], bool], using: str) -> bool:
+    """Deliver one group on its own (see `Dispatch.send`)."""
+    return Dispatch(model, using).send(group, retire)
+
+
+class _Route:
+    """One category's receivers, as looked up for a window."""
+
+    def __init__(self, signal: Signal, value: int) -> None:
+        self.signal = signal
+        self.category = registry.category(value)
+        self.transactional = is_transactional(signal, self.category)
+        self.receivers = _receivers(signal, self.category)
+
+    def send(self, kwargs: dict[str, Any], done: frozenset[str], *, robust: bool) -> None:
+        receivers, signal, category = self.receivers, self.signal, self.category
+        # No receiver connected: never count that as delivered.
+        if not receivers:
+            raise NoReceiver(f"no receiver is connected for category {category.name}")
+        # Receiver ids are worked out only when needed (a retry, a failure): the happy
+        # path calls the receivers and nothing more.
+        succeeded: list[Callable[..., Any]] = []
+        errors: list[tuple[str, Exception]] = []
+        for receiver, call in receivers:
+            if done and receiver_id(receiver) in done:
+                continue
+            try:
+                call(signal=signal, sender=category, **kwargs)
+            except Exception as exc:
+                errors.append((receiver_id(receiver), exc))
+                if not robust:
+                    break
+            else:
+                succeeded.append(receiver)
+        if errors:
+            raise DeliveryFailed(errors, [*done, *map(receiver_id, succeeded)])
 
 
 def _receivers(

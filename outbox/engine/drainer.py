@@ -57,6 +57,8 @@ class Drainer:
         self.stop = stop or threading.Event()
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"[:128]
         self._cursor: ShardKey | None = None
+        self._dispatch = delivery.Dispatch(model, self.using)
+        self._report_processed = False
 
     def drain(self, *, deadline: float | None = None) -> DrainStats:
         """Deliver everything due now (and what becomes due meanwhile) until none is left."""
@@ -203,6 +205,9 @@ class Drainer:
             logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
 
     def _deliver(self, window: Window, holding: Holding, round_: Round) -> None:
+        # Receivers and lifecycle listeners are looked up once per window.
+        self._dispatch = delivery.Dispatch(self.model, self.using)
+        self._report_processed = events.wants_processed(self.model)
         for shard, groups in window.shards.items():
             for group in groups:
                 if self.stop.is_set():
@@ -232,11 +237,8 @@ class Drainer:
         lease = holding.lease
         started = holding.receiver_started = time.monotonic()
         try:
-            retired_inline = delivery.send(
-                self.model,
-                group,
-                lambda: not self._retire_now(lease, {group.shard: group.row_ids}, round_),
-                self.using,
+            retired_inline = self._dispatch.send(
+                group, lambda: not self._retire_now(lease, {group.shard: group.row_ids}, round_)
             )
         except delivery.LeaseLost:
             round_.receiver_calls += 1
@@ -251,7 +253,8 @@ class Drainer:
         round_.groups_delivered += 1
         if not retired_inline:
             round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
-        events.processed(self.model, group, time.monotonic() - started, self.using)
+        if self._report_processed:
+            events.send_processed(self.model, group, time.monotonic() - started, self.using)
         return True
 
     def _failed(self, group: Group, exc: Exception, round_: Round) -> bool:

@@ -28,9 +28,19 @@ def lag_seconds(group: Group) -> float | None:
     return max((timezone.now() - added).total_seconds(), 0.0)
 
 
+def wants_processed(model: type[OutboxBase]) -> bool:
+    """Whether `message_processed` has a receiver for `model` (checked once per window:
+    the check costs more than a delivery's bookkeeping)."""
+    return message_processed.has_listeners(model)
+
+
 def processed(model: type[OutboxBase], group: Group, duration: float, using: str) -> None:
     if not message_processed.has_listeners(model):
         return
+    send_processed(model, group, duration, using)
+
+
+def send_processed(model: type[OutboxBase], group: Group, duration: float, using: str) -> None:
     message_processed.send(
         sender=model,
         shard=group.shard,
