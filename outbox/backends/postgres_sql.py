@@ -74,22 +74,34 @@ class _Renderer:
         arrays = ", ".join(f"%s::{kind}[]" for kind in KEY_TYPES)
         return f"unnest({arrays}) AS {alias}({', '.join(LEASE_KEY)})"
 
-    def due_filter(self, alias: str) -> str:
+    def due_filter(self, alias: str, head: str | None = None) -> str:
         """A walked or given shard's head (its oldest pending row) is due, it has no live
-        lease, and it passes the filters. Dead rows are skipped: they never block."""
-        # OFFSET 0 keeps each check a correlated probe of its index: turned into a join,
-        # the planner (expecting a single shard) may rescan the lease table per shard.
-        return f"""
-            (SELECT o."scheduled_for" <= now() FROM {self.table} o
+        lease (`lease_free`), and it passes the filters. Dead rows are skipped: they never
+        block. `head`: an alias already holding the shard's first row, if any."""
+        first_live = f"""(SELECT o."scheduled_for" <= now() FROM {self.table} o
                     WHERE {self.same_shard("o", alias)} AND o."dead_at" IS NULL
-                    ORDER BY o."id" LIMIT 1)
-            AND NOT EXISTS (SELECT 1 FROM {self.lease} l
-                    WHERE l."outbox" = %(label)s AND {self.same_lease("l", alias)}
-                      AND l."expires_at" > now()
-                    OFFSET 0)
+                    ORDER BY o."id" LIMIT 1)"""
+        if head is not None:  # a live first row answers without another probe
+            first_live = f"""CASE WHEN {head}."dead_at" IS NULL
+                THEN {head}."scheduled_for" <= now() ELSE {first_live} END"""
+        return f"""
+            {first_live}
             AND (%(scopes)s::integer[] IS NULL OR {alias}."shard_scope" = ANY(%(scopes)s))
             AND (%(identifiers)s::bigint[] IS NULL
                  OR {alias}."shard_identifier" = ANY(%(identifiers)s))"""
+
+    def lease_of(self, alias: str) -> str:
+        """The shard's lease row, if any: one probe of the unique index. LIMIT keeps it a
+        correlated probe: turned into a join, the planner (expecting a single shard) may
+        rescan the lease table per shard."""
+        return f"""LEFT JOIN LATERAL (
+                SELECT l."id", l."expires_at" FROM {self.lease} l
+                WHERE l."outbox" = %(label)s AND {self.same_lease("l", alias)} LIMIT 1
+            ) lease ON TRUE"""
+
+    @staticmethod
+    def lease_free() -> str:
+        return '(lease."id" IS NULL OR lease."expires_at" <= now())'
 
     def walk(self, bound: str) -> str:
         """Recursive skip scan over the shard index: one index probe per shard, not per row.
@@ -103,19 +115,23 @@ class _Renderer:
             "after": f"AND ({cols}) > ({self.key_params('after')})",
             "until": f"AND ({cols}) <= ({self.key_params('until')})",
         }[bound]
+        head = 'o."scheduled_for", o."dead_at"'
         return f"""
             walk AS (
-                (SELECT {cols} FROM {self.table} WHERE TRUE {bounds} ORDER BY {cols} LIMIT 1)
+                (SELECT {cols}, "scheduled_for", "dead_at" FROM {self.table} o
+                 WHERE TRUE {bounds} ORDER BY {cols}, "id" LIMIT 1)
                 UNION ALL
                 SELECT step.* FROM walk w CROSS JOIN LATERAL (
-                    SELECT {self.row_cols("o")} FROM {self.table} o
+                    SELECT {self.row_cols("o")}, {head} FROM {self.table} o
                     WHERE ({self.row_cols("o")}) > ({self.row_cols("w")}) {bounds}
-                    ORDER BY {self.row_cols("o")} LIMIT 1
+                    ORDER BY {self.row_cols("o")}, o."id" LIMIT 1
                 ) step
             ),
             due AS (
-                SELECT k.* FROM (SELECT {self.key_of("w")} FROM walk w) k
-                WHERE {self.due_filter("k")}
+                SELECT k.*, lease."id" AS lease_id FROM (
+                    SELECT {self.key_of("w")}, w."scheduled_for", w."dead_at" FROM walk w
+                ) k {self.lease_of("k")}
+                WHERE {self.due_filter("k", head="k")} AND {self.lease_free()}
                 LIMIT %(limit)s
             )"""
 
@@ -126,10 +142,12 @@ class _Renderer:
     def given_keys(self) -> str:
         return f"""
             due AS (
-                SELECT k.* FROM unnest(%(regions)s::text[], %(scopes_in)s::integer[],
-                                       %(identifiers_in)s::bigint[])
+                SELECT k.*, lease."id" AS lease_id
+                FROM unnest(%(regions)s::text[], %(scopes_in)s::integer[],
+                            %(identifiers_in)s::bigint[])
                     AS k(region_name, shard_scope, shard_identifier)
-                WHERE {self.due_filter("k")}
+                    {self.lease_of("k")}
+                WHERE {self.due_filter("k")} AND {self.lease_free()}
             )"""
 
     def claim(self) -> str:
@@ -137,14 +155,13 @@ class _Renderer:
         locked) and insert the missing ones; a conflicting insert means someone else won."""
         return f"""
             expired AS (
-                -- Driven by the due shards (one unique-index probe each), never by a scan
-                -- of the lease table, which churns.
-                SELECT l."id" FROM due d CROSS JOIN LATERAL (
-                    SELECT l."id" FROM {self.lease} l
-                    WHERE l."outbox" = %(label)s AND {self.same_lease("l", "d")}
-                      AND l."expires_at" <= now()
-                    FOR UPDATE SKIP LOCKED
-                ) l
+                -- The due shards' expired leases, found by `due` (never a scan of the
+                -- lease table, which churns); rows another claimer has locked are skipped.
+                SELECT l."id" FROM {self.lease} l
+                WHERE l."id" = ANY(ARRAY(SELECT d.lease_id FROM due d
+                                         WHERE d.lease_id IS NOT NULL))
+                  AND l."expires_at" <= now()
+                FOR UPDATE SKIP LOCKED
             ),
             retaken AS (
                 UPDATE {self.lease} l
