@@ -7,11 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from outbox.models import OutboxBase, ShardLease
-
-# The columns of a shard key as the lease table stores them.
-LEASE_KEY = ("region_name", "shard_scope", "shard_identifier")
-KEY_TYPES = ("text", "integer", "bigint")
+from outbox.backends.postgres_settle_sql import SettleSql
+from outbox.models import OutboxBase
 
 
 @dataclass(frozen=True)
@@ -29,50 +26,13 @@ class Statements:
     release: str  # drop a lease on some shards
 
 
-def _quote(name: str) -> str:
-    return f'"{name}"'
-
-
 @cache
 def statements(model: type[OutboxBase]) -> Statements:
     return _Renderer(model).render()
 
 
-class _Renderer:
-    def __init__(self, model: type[OutboxBase]) -> None:
-        self.table = _quote(model._meta.db_table)
-        self.lease = _quote(ShardLease._meta.db_table)
-        self.label = model._meta.label_lower
-        # Shard columns are named after their fields (the statements below rely on it).
-        self.cols = [_quote(name) for name in model.shard_fields]
-        self.has_region = "region_name" in model.shard_fields
-        self.message_columns = model.message_columns
-
-    # -- fragments ----------------------------------------------------------------------
-
-    def key_of(self, alias: str) -> str:
-        """The lease-shaped key (region_name, shard_scope, shard_identifier) of a row alias."""
-        region = f'{alias}."region_name"' if self.has_region else "''::text"
-        return f'{region} AS region_name, {alias}."shard_scope", {alias}."shard_identifier"'
-
-    def same_shard(self, row: str, key: str) -> str:
-        """`row` (an outbox row) belongs to the shard named by `key` (lease-shaped)."""
-        parts = [f'{row}."shard_scope" = {key}."shard_scope"']
-        parts.append(f'{row}."shard_identifier" = {key}."shard_identifier"')
-        if self.has_region:
-            parts.insert(0, f'{row}."region_name" = {key}."region_name"')
-        return " AND ".join(parts)
-
-    def same_lease(self, lease: str, key: str) -> str:
-        return " AND ".join(f'{lease}."{column}" = {key}."{column}"' for column in LEASE_KEY)
-
-    def row_cols(self, alias: str) -> str:
-        return ", ".join(f"{alias}.{column}" for column in self.cols)
-
-    def unnest_keys(self, alias: str) -> str:
-        """unnest of the three key arrays, given as %s parameters."""
-        arrays = ", ".join(f"%s::{kind}[]" for kind in KEY_TYPES)
-        return f"unnest({arrays}) AS {alias}({', '.join(LEASE_KEY)})"
+class _Renderer(SettleSql):
+    """Renders every statement for one outbox table."""
 
     def due_filter(self, alias: str, head: str | None = None) -> str:
         """A walked or given shard's head (its oldest pending row) is due, it has no live
@@ -211,86 +171,6 @@ class _Renderer:
             WHERE r.before_cut
             WINDOW newest_of_group AS (PARTITION BY {cols}, r."category", r."object_identifier")
             ORDER BY {cols}, r."id\""""
-
-    def settle(self) -> str:
-        """One round trip at the end of a round.
-
-        `held` locks our lease rows, so no one can take them over until this commits, and
-        reports which shards are still ours. Delivered rows are deleted, and finished
-        shards released, only when every shard delivered to is held, which spares a lease
-        lookup per row; when a lease was lost the engine settles the held shards again on
-        their own. Failed rows (few) are checked one by one.
-        """
-        return f"""
-            WITH {self.settle_held()}, {self.settle_rows()}, {self.settle_leases()}
-            SELECT (SELECT count(*) FROM gone), h."region_name", h."shard_scope",
-                h."shard_identifier"
-            FROM (SELECT 1) one LEFT JOIN held h ON TRUE"""
-
-    def settle_held(self) -> str:
-        """Our lease rows, locked, and whether every shard delivered to is among them."""
-        return f"""
-            held AS (
-                SELECT "id", "region_name", "shard_scope", "shard_identifier" FROM {self.lease}
-                WHERE "token" = %(token)s AND "outbox" = %(label)s
-                FOR UPDATE
-            ),
-            all_held AS (
-                SELECT count(*) = %(delivered_shards)s AS yes FROM held h
-                JOIN unnest(%(d_regions)s::text[], %(d_scopes)s::integer[],
-                            %(d_identifiers)s::bigint[])
-                    AS d(region_name, shard_scope, shard_identifier)
-                ON {self.same_lease("h", "d")}
-            )"""
-
-    def settle_rows(self) -> str:
-        """Delete the delivered rows; record a failed attempt on the failed and the dead
-        ones (with their retry time, or `dead_at`), and on a group's newest row the
-        receivers already done (NULL: keep)."""
-        return f"""
-            gone AS (
-                DELETE FROM {self.table} o
-                WHERE o."id" = ANY(%(delivered)s::bigint[]) AND (SELECT yes FROM all_held)
-                RETURNING 1
-            ),
-            retried AS (
-                UPDATE {self.table} o
-                SET "attempts" = o."attempts" + 1, "scheduled_from" = now(),
-                    "scheduled_for" = now() + f.delay * interval '1 second',
-                    "dead_at" = CASE WHEN f.dead THEN now() END,
-                    "first_attempt_at" = COALESCE(o."first_attempt_at", now()),
-                    "last_attempt_at" = now(), "last_error" = f.error, "last_traceback" = f.tb,
-                    "delivered_to" = COALESCE(f.done, o."delivered_to")
-                FROM unnest(%(failed)s::bigint[], %(delays)s::float8[], %(errors)s::text[],
-                            %(tracebacks)s::text[], %(done)s::text[], %(dead)s::boolean[])
-                    AS f(id, delay, error, tb, done, dead)
-                WHERE o."id" = f.id
-                  AND EXISTS (SELECT 1 FROM held h WHERE {self.same_shard("o", "h")})
-                RETURNING 1
-            )"""
-
-    def settle_leases(self) -> str:
-        """Back failed shards off (no holder until then); release the finished ones."""
-        return f"""
-            backed_off AS (
-                UPDATE {self.lease} l
-                SET "token" = NULL, "expires_at" = now() + b.delay * interval '1 second'
-                FROM held h JOIN unnest(%(b_regions)s::text[], %(b_scopes)s::integer[],
-                                        %(b_identifiers)s::bigint[], %(b_delays)s::float8[])
-                    AS b(region_name, shard_scope, shard_identifier, delay)
-                    ON {self.same_lease("h", "b")}
-                WHERE l."id" = h."id" AND cardinality(%(b_delays)s::float8[]) > 0 -- none: skip
-                RETURNING 1
-            ),
-            released AS (
-                DELETE FROM {self.lease} l
-                USING held h JOIN unnest(%(r_regions)s::text[], %(r_scopes)s::integer[],
-                                         %(r_identifiers)s::bigint[])
-                    AS r(region_name, shard_scope, shard_identifier)
-                    ON {self.same_lease("h", "r")}
-                WHERE l."id" = h."id" AND (SELECT yes FROM all_held)
-                RETURNING 1
-            )"""
 
     def render(self) -> Statements:
         claim = self.claim()
