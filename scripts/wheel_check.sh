@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Release check: build the sdist and the wheel, `twine check --strict` them, check what the
-# wheel ships, then install ONLY the wheel (with the [postgres] extra) into a fresh
-# virtualenv and run a throwaway Django project against it: migrate, check, a flushed save,
-# a save left to `drain_outboxes`, both delivered. Everything happens in a temporary
-# directory; the working tree is only read.
+# wheel ships, then install ONLY the wheel (with the [postgres] and [example] extras) into a
+# fresh virtualenv and run against it:
+# - the docs' tutorial (docs/tutorial_project/tutorial.sh), every command as the page
+#   shows it: migrate, check, a flushed rename, two renames coalesced by the drain, and the
+#   tutorial's own tests (pytest, with the plugin found through its pytest11 entry point,
+#   and Django's runner: a TestCase with captureOnCommitCallbacks(execute=True)), which
+#   must see the deliveries; pytest and pytest-django are installed as the page says;
+# - the example project's tests (example_project/accounts/tests.py);
+# - a throwaway project with the admin: the shipped migrations match the models, `check`
+#   passes at WARNING level, a flushed save and a save left to `drain_outboxes` arrive.
+# The wheel file name the docs and READMEs tell users to install must be the one built.
+# Everything happens in a temporary directory; the working tree is only read.
 #
 # Usage: bash scripts/wheel_check.sh [SOURCE_DIR]
 # SOURCE_DIR (default: this checkout's files that git tracks or sees, ignored ones left
@@ -74,11 +82,50 @@ expect sdist LICENSE CHANGELOG.md README.md ARCHITECTURE.md pyproject.toml outbo
 echo "wheel: $(wc -l <"$work/wheel.txt") files, ${#migrations[@]} migration modules, py.typed, LICENSE"
 echo "sdist: LICENSE, CHANGELOG.md, README.md, ARCHITECTURE.md, migrations, py.typed"
 
-step "fresh virtualenv with only the wheel and its [postgres] extra"
+step "fresh virtualenv with only the wheel and its [postgres,example] extras"
 python3 -m venv "$work/venv"
 py="$work/venv/bin/python"
-"$py" -m pip install "${pip_quiet[@]}" "$wheel[postgres]"
+"$py" -m pip install "${pip_quiet[@]}" "$wheel[postgres,example]"
 "$py" -c "import psycopg" || fail "the [postgres] extra did not install psycopg"
+
+cd "$work"
+export PYTHONDONTWRITEBYTECODE=1
+unset PYTHONPATH DJANGO_SETTINGS_MODULE
+# The package must come from the fresh virtualenv, never from the working tree.
+"$py" -c "
+import outbox, sys
+from importlib.metadata import version
+assert outbox.__file__.startswith(sys.prefix), outbox.__file__
+assert outbox.__version__ == version('django-outboxes') != '0+unknown', outbox.__version__
+print('outbox', outbox.__version__, 'from', outbox.__file__)
+"
+
+step "the install lines of the docs name the wheel just built"
+for page in README.md docs/tutorial.md example_project/README.md; do
+  grep -qF "dist/$(basename "$wheel")" "$work/src/$page" \
+    || fail "$page does not install dist/$(basename "$wheel")"
+done
+
+step "the docs' tutorial, as the page shows it, against the wheel alone"
+"$py" -m pip install "${pip_quiet[@]}" pytest pytest-django   # the tutorial's step 9
+cp -a "$work/src/docs/tutorial_project" "$work/tutorial"
+# `python` is the fresh virtualenv's, as after `. .venv/bin/activate`.
+( cd "$work/tutorial" && PATH="$work/venv/bin:$PATH" VIRTUAL_ENV="$work/venv" bash tutorial.sh ) \
+  >"$work/tutorial.log" 2>&1 || { cat "$work/tutorial.log"; fail "tutorial.sh"; }
+cat "$work/tutorial.log"
+tutorial_has() { grep -qF "$1" "$work/tutorial.log" || fail "the tutorial did not print: $1"; }
+tutorial_has "organization 1 is now called 'Acme Corporation'"   # step 7: flushed
+tutorial_has "organization 1 is now called 'Acme Ltd.'"          # step 8: drained
+tutorial_has "receiver calls 1, rows retired 2 (1 coalesced), failures 0"
+tutorial_has "4 passed"      # step 9: pytest, the plugin's fixtures and the TestCase
+tutorial_has "Ran 2 tests"   # step 9: Django's runner, the TestCase alone
+grep -q "^plugins:.*django-outboxes" "$work/tutorial.log" \
+  || fail "pytest did not load the django-outboxes plugin from its entry point"
+
+step "the example project's tests (OutboxTestMixin in TestCases) against the wheel"
+# As example_project/README.md says: run from the project's root, outbox from the wheel.
+( cd "$work/src" && "$py" example_project/manage.py test accounts --verbosity 1 ) \
+  || fail "the example project's tests"
 
 step "throwaway Django project"
 project="$work/project"
@@ -212,16 +259,6 @@ print(f"saved note {note.id} ({mode}); rows left: {RegionOutbox.objects.count()}
 PY
 
 cd "$project"
-export PYTHONDONTWRITEBYTECODE=1
-unset PYTHONPATH DJANGO_SETTINGS_MODULE
-# The package must come from the fresh virtualenv, never from the working tree.
-"$py" -c "
-import outbox, sys
-from importlib.metadata import version
-assert outbox.__file__.startswith(sys.prefix), outbox.__file__
-assert outbox.__version__ == version('django-outboxes') != '0+unknown', outbox.__version__
-print('outbox', outbox.__version__, 'from', outbox.__file__)
-"
 
 "$py" manage.py makemigrations shop --verbosity 0
 "$py" manage.py makemigrations outbox --check --dry-run \
@@ -239,4 +276,4 @@ deliveries() { cat deliveries.txt 2>/dev/null || true; }
   || fail "the drain did not deliver the second save: '$(deliveries)'"
 "$py" manage.py outbox_status
 
-step "wheel check passed: both deliveries arrived; total"
+step "wheel check passed: the tutorial and its tests, both deliveries; total"

@@ -2,7 +2,9 @@
 
 docs/tutorial.md includes the files of docs/tutorial_project/ and the commands of its
 tutorial.sh; this test copies that project, runs tutorial.sh in a subprocess against a
-fresh SQLite database, and checks what the page says happens.
+fresh SQLite database, and checks what the page says happens, down to the tutorial's own
+tests passing under pytest (the plugin found through its entry point) and Django's runner.
+scripts/wheel_check.sh runs the same script against the built wheel alone.
 """
 
 import os
@@ -67,3 +69,7 @@ def test_the_tutorial_runs_as_documented(tmp_path):
     assert "receiver calls 1, rows retired 2 (1 coalesced), failures 0" in summary
     assert "Apply all migrations" in done.stdout
     assert "System check identified no issues" in done.stdout
+    # Step 9: the tutorial's tests, under pytest (the plugin's fixtures and the TestCase)
+    # and under Django's own runner, see the receiver's deliveries.
+    assert "4 passed" in done.stdout
+    assert "Ran 2 tests" in done.stderr

@@ -30,3 +30,8 @@ rename(acme, 'Acme Ltd.', flush=False)
 python manage.py outbox_status
 python manage.py drain_outboxes
 # [/drain]
+
+# [test]
+python -m pytest
+python manage.py test
+# [/test]
