@@ -108,15 +108,19 @@ def is_transactional(signal: Signal, category: OutboxCategory) -> bool:
 # - message_processed: `shard` (ShardKey), `category` (int), `object_identifier`,
 #   `rows` (rows retired with it, coalesced ones included), `lag_seconds` (the newest
 #   row's age when delivered, or None if unknown), `duration_seconds` (the receivers'
-#   time).
+#   time), `receiver_seconds` (each receiver called for it, by `module.qualname`, and
+#   its own time in seconds).
 # - delivery_failed: `shard`, `category`, `object_identifier`, `attempts` (including
 #   this one), `error` (text), `exception`, `dead` (True when this failure dead-lettered
 #   the message).
 # - message_dead_lettered: `shard`, `category`, `object_identifier`, `attempts`,
 #   `error`.
 # - lease_lost: `shard`.
+# - shards_claimed: `shards` (how many the claim won, maybe 0), `duration_seconds` (the
+#   claim's time, its statements and retries included).
 messages_saved = Signal()
 message_processed = Signal()
 delivery_failed = Signal()
 message_dead_lettered = Signal()
 lease_lost = Signal()
+shards_claimed = Signal()

@@ -122,6 +122,7 @@ def test_every_action_writes_the_admin_log(admin_client):
     rows = [failed(3, object_identifier=7), failed(4, object_identifier=8)]
     post_action(admin_client, "retry_messages", rows[:1])
     post_action(admin_client, "discard_groups", rows[1:])
+    failed(5)
     leases = ShardLease.objects.all()
     post_action(admin_client, "lift_backoff", leases, "admin:outbox_shardlease_changelist")
     entries = list(LogEntry.objects.order_by("pk"))
@@ -131,7 +132,9 @@ def test_every_action_writes_the_admin_log(admin_client):
         (CHANGE, None),
     ]
     assert entries[0].get_change_message() == ("Retried now: 1 message(s), 1 back-off(s) lifted.")
-    assert entries[1].get_change_message() == "Discarded their groups: 1 message(s)."
+    assert entries[1].get_change_message() == (
+        "Discarded their groups: 1 message(s), 1 back-off(s) lifted."
+    )
     assert entries[1].object_repr == "region outbox messages"
     assert entries[2].content_type.model == "shardlease"
 
@@ -190,6 +193,15 @@ def test_discard_per_message_and_group_leaves_held_shards_alone(admin_client):
         messages.WARNING,
         "1 shard(s) held by a worker right now: left alone. Retry once it has finished with them.",
     ) in shown(response)
+
+
+def test_discarding_a_failing_message_lets_its_shard_go_on_at_once(admin_client, calls):
+    poison = failed(3, object_identifier=1)
+    behind = RegionOutboxFactory(shard_identifier=3, object_identifier=2)
+    post_action(admin_client, "discard_messages", [poison])
+    assert not ShardLease.objects.exists()  # the back-off went with the failing message
+    drain_outboxes()
+    assert [call["object_identifier"] for call in calls.calls] == [behind.object_identifier]
 
 
 def test_an_operator_retry_gets_the_message_delivered(admin_client, calls):

@@ -32,9 +32,12 @@ LIFECYCLE = (
     signals.delivery_failed,
     signals.message_dead_lettered,
     signals.lease_lost,
+    signals.shards_claimed,
 )
 SHARD = ShardKey("", Scope.ORGANIZATION, 1)
 REGION = {"table": "outbox.RegionOutbox", "scope": "ORGANIZATION", "category": "AUDIT_EVENT"}
+# The testapp's receiver of AUDIT_EVENT, as the per-receiver metrics name it.
+AUDIT_RECEIVER = "tests.testapp.receivers.record"
 
 # The end-to-end tests need the engine to send the lifecycle signals.
 ENGINE_SENDS_SIGNALS = any(
@@ -67,6 +70,7 @@ def send_lifecycle_signals():
         rows=3,
         lag_seconds=0.5,
         duration_seconds=0.02,
+        receiver_seconds={"app.receivers.audit": 0.015},
         using="default",
     )
     error = {"attempts": 3, "error": "boom", "using": "default"}
@@ -75,6 +79,9 @@ def send_lifecycle_signals():
     )
     signals.message_dead_lettered.send(sender=RegionOutbox, **message, **error)
     signals.lease_lost.send(sender=RegionOutbox, shard=SHARD, using="default")
+    signals.shards_claimed.send(
+        sender=RegionOutbox, shards=4, duration_seconds=0.003, using="default"
+    )
 
 
 # The interface and its wiring
@@ -151,6 +158,9 @@ def test_prometheus_records_the_signals(registry):
     assert value("outbox_send_duration_seconds_sum", REGION) == 0.02
     assert value("outbox_failed_total", REGION) == 1
     assert value("outbox_dead_lettered_total", REGION) == 1
+    by_receiver = {**REGION, "receiver": "app.receivers.audit"}
+    assert value("outbox_receiver_duration_seconds_sum", by_receiver) == 0.015
+    assert value("outbox_claim_duration_seconds_sum", {"table": "outbox.RegionOutbox"}) == 0.003
     scope = {"table": "outbox.RegionOutbox", "scope": "ORGANIZATION"}
     assert value("outbox_leases_lost_total", scope) == 1
 
@@ -206,6 +216,10 @@ def test_prometheus_end_to_end_save_and_drain(registry):
     assert registry.get_sample_value("outbox_saved_total", REGION) == 1
     assert registry.get_sample_value("outbox_processed_total", REGION) == 1
     assert registry.get_sample_value("outbox_send_duration_seconds_count", REGION) == 1
+    by_receiver = {**REGION, "receiver": AUDIT_RECEIVER}
+    assert registry.get_sample_value("outbox_receiver_duration_seconds_count", by_receiver) == 1
+    claims = {"table": "outbox.RegionOutbox"}
+    assert registry.get_sample_value("outbox_claim_duration_seconds_count", claims) >= 1
     # What a scrape shows: the processed count and the lag histogram, on every path.
     from prometheus_client import generate_latest
 
@@ -252,8 +266,11 @@ def statsd_metrics(udp):
 
 def test_statsd_sends_the_signals_as_packets(udp, statsd_metrics):
     send_lifecycle_signals()
-    lines = received(udp, 7)
+    lines = received(udp, 9)
     names = "outbox_RegionOutbox.ORGANIZATION.AUDIT_EVENT"
+    receiver = "app_receivers_audit"
+    assert lines[f"app.outbox.receiver_duration.{names}.{receiver}"] == ("15.000000", "ms")
+    assert lines["app.outbox.claim_duration.outbox_RegionOutbox"] == ("3.000000", "ms")
     assert lines[f"app.outbox.saved.{names}"] == ("2", "c")
     assert lines[f"app.outbox.processed.{names}"] == ("3", "c")
     assert lines[f"app.outbox.processing_lag.{names}"] == ("500.000000", "ms")
@@ -282,10 +299,29 @@ def test_statsd_end_to_end_save_and_drain(udp, statsd_metrics):
         "app.outbox.saved.outbox_RegionOutbox.ORGANIZATION.AUDIT_EVENT": ("1", "c")
     }
     drain_outboxes()
-    delivered = udp.recv(65535).decode()  # one packet: the lag is in it when known
+    packets = all_packets(udp)
     names = "outbox_RegionOutbox.ORGANIZATION.AUDIT_EVENT"
+    # One packet per processed message: the lag is in it when known.
+    (delivered,) = [packet for packet in packets if f"app.outbox.processed.{names}:" in packet]
     assert f"app.outbox.processed.{names}:1|c" in delivered.splitlines()
     assert f"app.outbox.send_duration.{names}:" in delivered
+    lines = [line for packet in packets for line in packet.splitlines()]
+    receiver = AUDIT_RECEIVER.replace(".", "_")
+    assert any(
+        line.startswith(f"app.outbox.receiver_duration.{names}.{receiver}:") for line in lines
+    )
+    assert any(line.startswith("app.outbox.claim_duration.outbox_RegionOutbox:") for line in lines)
+
+
+def all_packets(server):
+    """Every packet `server` receives until none comes for a quarter of a second."""
+    packets = []
+    server.settimeout(0.25)
+    try:
+        while True:
+            packets.append(server.recv(65535).decode())
+    except TimeoutError:
+        return packets
 
 
 # OpenTelemetry, read back through the SDK
@@ -329,6 +365,9 @@ def test_opentelemetry_records_the_signals(otel_reader):
     assert points["outbox.failed", OTEL_REGION].value == 1
     assert points["outbox.dead_lettered", OTEL_REGION].value == 1
     assert points["outbox.leases_lost", OTEL_REGION[1:]].value == 1
+    receiver = tuple(sorted((*OTEL_REGION, ("outbox.receiver", "app.receivers.audit"))))
+    assert points["outbox.receiver_duration", receiver].sum == 0.015
+    assert points["outbox.claim_duration", (("outbox.table", "outbox.RegionOutbox"),)].count == 1
 
 
 @pytest.mark.django_db(databases=["default", "control"])
@@ -349,3 +388,6 @@ def test_opentelemetry_end_to_end_save_and_drain(otel_reader):
     assert points["outbox.saved", OTEL_REGION].value == 1
     assert points["outbox.processed", OTEL_REGION].value == 1
     assert points["outbox.send_duration", OTEL_REGION].count == 1
+    receiver = tuple(sorted((*OTEL_REGION, ("outbox.receiver", AUDIT_RECEIVER))))
+    assert points["outbox.receiver_duration", receiver].count == 1
+    assert points["outbox.claim_duration", (("outbox.table", "outbox.RegionOutbox"),)].count >= 1

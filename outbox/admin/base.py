@@ -47,7 +47,7 @@ class OperatorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         """Tell the operator what an action did, and write it to the admin log."""
         held, capped = outcome.held_shards, outcome.capped
         text = f"{did}: {outcome.rows} message(s)"
-        if not deleted:
+        if not deleted or outcome.lifted:
             text += f", {outcome.lifted} back-off(s) lifted"
         if held:
             text += f"; {held} shard(s) held by a worker left alone"

@@ -80,10 +80,13 @@ def retry_rows(rows: QuerySet[Any]) -> Outcome:
 
 
 def discard_rows(rows: QuerySet[Any]) -> Outcome:
-    """Delete `rows`, except in held shards."""
+    """Delete `rows` and lift their shards' back-off (what is left there is delivered
+    next), except in held shards."""
     held_shards = _held_shards(rows)
-    deleted = rows.filter(~_is_held(rows.model, rows.db)).delete()[0]
-    return Outcome(rows=deleted, held_shards=held_shards)
+    free = rows.filter(~_is_held(rows.model, rows.db))
+    lifted = _lift_backoff(free)  # first: it finds the shards through the rows
+    deleted = free.delete()[0]
+    return Outcome(rows=deleted, lifted=lifted, held_shards=held_shards)
 
 
 def rows_of_keys(selected: QuerySet[Any], fields: tuple[str, ...]) -> tuple[QuerySet[Any], bool]:

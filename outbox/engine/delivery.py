@@ -10,6 +10,7 @@ back, so none of them counts as done.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -62,11 +63,14 @@ class Dispatch:
     takes effect from the next window.
     """
 
-    def __init__(self, model: type[OutboxBase], using: str) -> None:
+    def __init__(self, model: type[OutboxBase], using: str, *, timed: bool = False) -> None:
         self.model = model
         self.using = using
         self.signal = model.process_signal
         self._routes: dict[int, _Route] = {}
+        # With `timed`, each send records how long every receiver took (receiver id,
+        # seconds) in `timings`; without, the happy path measures nothing.
+        self.timings: list[tuple[str, float]] | None = [] if timed else None
 
     def send(self, group: Group, retire: Callable[[], bool]) -> bool:
         """Call the group's receivers with its newest payload.
@@ -80,12 +84,15 @@ class Dispatch:
         if route is None:
             route = self._routes[group.category] = _Route(self.signal, group.category)
         kwargs = self.model.message_kwargs(group.message)
+        timings = self.timings
+        if timings is not None:
+            timings.clear()
         if not route.transactional:
-            route.send(kwargs, done_before(group.message), robust=True)
+            route.send(kwargs, done_before(group.message), robust=True, timings=timings)
             return False
         try:
             with transaction.atomic(using=self.using):
-                route.send(kwargs, frozenset(), robust=False)
+                route.send(kwargs, frozenset(), robust=False, timings=timings)
                 if not retire():
                     raise LeaseLost(f"lease of shard {group.shard} was lost")
         except DeliveryFailed as failed:
@@ -108,7 +115,14 @@ class _Route:
         self.transactional = is_transactional(signal, self.category)
         self.receivers = _receivers(signal, self.category)
 
-    def send(self, kwargs: dict[str, Any], done: frozenset[str], *, robust: bool) -> None:
+    def send(
+        self,
+        kwargs: dict[str, Any],
+        done: frozenset[str],
+        *,
+        robust: bool,
+        timings: list[tuple[str, float]] | None = None,
+    ) -> None:
         receivers, signal, category = self.receivers, self.signal, self.category
         # No receiver connected: never count that as delivered.
         if not receivers:
@@ -120,6 +134,7 @@ class _Route:
         for receiver, call in receivers:
             if done and receiver_id(receiver) in done:
                 continue
+            started = time.perf_counter() if timings is not None else 0.0
             try:
                 call(signal=signal, sender=category, **kwargs)
             except Exception as exc:
@@ -128,6 +143,9 @@ class _Route:
                     break
             else:
                 succeeded.append(receiver)
+            finally:
+                if timings is not None:
+                    timings.append((receiver_id(receiver), time.perf_counter() - started))
         if errors:
             raise DeliveryFailed(errors, [*done, *map(receiver_id, succeeded)])
 

@@ -140,7 +140,9 @@ class Drainer:
             identifiers=tuple(self.identifiers) if self.identifiers else None,
             after=self._cursor if shards is None else None,
         )
+        started = time.monotonic()
         retrying(lambda: self.backend.claim(self.model, lease, where, limit))
+        events.claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)
         if shards is None and lease.shards:
             self._cursor = lease.shards[-1]
         return lease
@@ -206,8 +208,8 @@ class Drainer:
 
     def _deliver(self, window: Window, holding: Holding, round_: Round) -> None:
         # Receivers and lifecycle listeners are looked up once per window.
-        self._dispatch = delivery.Dispatch(self.model, self.using)
         self._report_processed = events.wants_processed(self.model)
+        self._dispatch = delivery.Dispatch(self.model, self.using, timed=self._report_processed)
         for shard, groups in window.shards.items():
             for group in groups:
                 if self.stop.is_set():
@@ -254,7 +256,9 @@ class Drainer:
         if not retired_inline:
             round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
         if self._report_processed:
-            events.send_processed(self.model, group, time.monotonic() - started, self.using)
+            timings = dict(self._dispatch.timings or ())
+            duration = time.monotonic() - started
+            events.send_processed(self.model, group, duration, self.using, timings)
         return True
 
     def _failed(self, group: Group, exc: Exception, round_: Round) -> bool:

@@ -12,7 +12,7 @@ from django.utils import timezone
 from outbox.backends.base import Group
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
-from outbox.signals import lease_lost, message_processed
+from outbox.signals import lease_lost, message_processed, shards_claimed
 
 logger = logging.getLogger("outbox.engine")
 
@@ -40,7 +40,13 @@ def processed(model: type[OutboxBase], group: Group, duration: float, using: str
     send_processed(model, group, duration, using)
 
 
-def send_processed(model: type[OutboxBase], group: Group, duration: float, using: str) -> None:
+def send_processed(
+    model: type[OutboxBase],
+    group: Group,
+    duration: float,
+    using: str,
+    receiver_seconds: dict[str, float] | None = None,
+) -> None:
     message_processed.send(
         sender=model,
         shard=group.shard,
@@ -49,8 +55,14 @@ def send_processed(model: type[OutboxBase], group: Group, duration: float, using
         rows=len(group.row_ids),
         lag_seconds=lag_seconds(group),
         duration_seconds=duration,
+        receiver_seconds=receiver_seconds or {},
         using=using,
     )
+
+
+def claimed(model: type[OutboxBase], shards: int, duration: float, using: str) -> None:
+    if shards_claimed.has_listeners(model):
+        shards_claimed.send(sender=model, shards=shards, duration_seconds=duration, using=using)
 
 
 def leases_lost(model: type[OutboxBase], shards: set[ShardKey], using: str) -> None:

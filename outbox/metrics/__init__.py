@@ -15,6 +15,9 @@ Every metric is prefixed ``outbox`` and labelled with the table (its model label
 - leases_lost: counter per table and scope;
 - processing_lag (age of the delivered row, seconds) and send_duration (the receivers'
   time, seconds): histograms per table, scope and category;
+- receiver_duration (one receiver's time, seconds): histogram per table, scope, category
+  and receiver (`module.qualname`);
+- claim_duration (one claim of shards, seconds): histogram per table;
 - backlog_rows and backlog_shards: gauges per table and scope.
 """
 
@@ -40,6 +43,7 @@ from outbox.signals import (
     message_dead_lettered,
     message_processed,
     messages_saved,
+    shards_claimed,
 )
 
 __all__ = [
@@ -98,6 +102,14 @@ class Metrics:
     def backlog(self, table: str, scope: str, rows: int, shards: int) -> None:
         """`rows` rows in `shards` shards of `scope` were waiting, at one reading."""
 
+    def receiver_finished(
+        self, table: str, scope: str, category: str, receiver: str, duration_seconds: float
+    ) -> None:
+        """One receiver (`module.qualname`) ran for a message, for `duration_seconds`."""
+
+    def claimed(self, table: str, shards: int, duration_seconds: float) -> None:
+        """A claim of shards took `duration_seconds` and won `shards` (maybe 0)."""
+
 
 def build_metrics() -> Metrics | None:
     """The adapter `OUTBOX_METRICS` chooses, freshly built; None when it is unset."""
@@ -145,7 +157,7 @@ def install(metrics: Metrics | None = None) -> Metrics | None:
 
 
 def uninstall() -> None:
-    """Disconnect the receivers; metrics already recorded stay where they went."""
+    """Disconnect the receivers; what was recorded stays recorded."""
     global _active
     _active = None
     for signal, receiver in _RECEIVERS:
@@ -174,14 +186,12 @@ def record_backlog(using: str | None = None, metrics: Metrics | None = None) -> 
         seen.update(counts)
 
 
-# (database, table) -> scope names given a backlog reading, to zero them once drained.
-_reported: dict[tuple[str, str], set[str]] = {}
+_reported: dict[tuple[str, str], set[str]] = {}  # (database, table) -> scopes seen, to zero
 
 
 def _backlog(model: type[OutboxBase], using: str | None) -> list[tuple[int, int, int]]:
-    """(scope, rows, shards) of the pending rows (dead letters are not backlog).
-
-    Shards are counted by shard_identifier within a scope, as `outbox_status` does."""
+    """(scope, rows, shards) of the pending rows (not dead letters); shards counted by
+    shard_identifier within a scope, as `outbox_status` does."""
     manager = model._default_manager.using(using or model._default_manager.db)
     per_scope = (
         manager.pending()
@@ -198,13 +208,12 @@ def _table(model: type[Any]) -> str:
 
 
 def _scope_name(value: int) -> str:
-    scope = registry.scopes.get(value)
-    return scope.name if scope is not None else str(value)
+    return scope.name if (scope := registry.scopes.get(value)) is not None else str(value)
 
 
 def _category_name(value: int) -> str:
-    category = registry.categories.get(value)
-    return category.name if category is not None else str(value)
+    known = registry.categories.get(value)
+    return known.name if known is not None else str(value)
 
 
 def _reporting(receiver: Callable[..., None]) -> Callable[..., None]:
@@ -241,11 +250,21 @@ def _on_processed(
     rows: int | Sized = 1,
     lag_seconds: float | None = None,
     duration_seconds: float = 0.0,
+    receiver_seconds: dict[str, float] | None = None,
     **kwargs: Any,
 ) -> None:
     retired = rows if isinstance(rows, int) else len(rows)
     scope, category_name = _scope_name(shard.shard_scope), _category_name(category)
     metrics.processed(table, scope, category_name, retired, lag_seconds, duration_seconds)
+    for receiver, seconds in (receiver_seconds or {}).items():
+        metrics.receiver_finished(table, scope, category_name, receiver, seconds)
+
+
+@_reporting
+def _on_claimed(
+    metrics: Metrics, table: str, *, shards: int, duration_seconds: float, **kwargs: Any
+) -> None:
+    metrics.claimed(table, shards, duration_seconds)
 
 
 @_reporting
@@ -273,6 +292,7 @@ _RECEIVERS: tuple[tuple[Signal, Callable[..., None]], ...] = (
     (delivery_failed, _on_failed),
     (message_dead_lettered, _on_dead_lettered),
     (lease_lost, _on_lease_lost),
+    (shards_claimed, _on_claimed),
 )
 
 

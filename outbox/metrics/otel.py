@@ -50,6 +50,18 @@ class OpenTelemetryMetrics(Metrics):
             "Time the receivers of one outbox message took.",
             explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
+        self._receiver_duration = meter.create_histogram(
+            "outbox.receiver_duration",
+            "s",
+            "Time one receiver took for one outbox message.",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        )
+        self._claim_duration = meter.create_histogram(
+            "outbox.claim_duration",
+            "s",
+            "Time one claim of due shards took.",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        )
         self._backlog_rows = meter.create_gauge(
             "outbox.backlog.rows", "{row}", "Outbox rows waiting, per scope."
         )
@@ -88,6 +100,15 @@ class OpenTelemetryMetrics(Metrics):
         attributes = _attributes(table, scope)
         self._backlog_rows.set(rows, attributes)
         self._backlog_shards.set(shards, attributes)
+
+    def receiver_finished(
+        self, table: str, scope: str, category: str, receiver: str, duration_seconds: float
+    ) -> None:
+        attributes = {**_attributes(table, scope, category), "outbox.receiver": receiver}
+        self._receiver_duration.record(duration_seconds, attributes)
+
+    def claimed(self, table: str, shards: int, duration_seconds: float) -> None:
+        self._claim_duration.record(duration_seconds, {"outbox.table": table})
 
 
 def _attributes(table: str, scope: str, category: str | None = None) -> dict[str, str]:

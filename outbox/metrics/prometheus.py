@@ -69,6 +69,20 @@ class _Instruments:
             registry=registry,
             buckets=DURATION_BUCKETS,
         )
+        self.receiver_duration = Histogram(
+            "outbox_receiver_duration_seconds",
+            "Time one receiver took for one outbox message.",
+            (*MESSAGE_LABELS, "receiver"),
+            registry=registry,
+            buckets=DURATION_BUCKETS,
+        )
+        self.claim_duration = Histogram(
+            "outbox_claim_duration_seconds",
+            "Time one claim of due shards took.",
+            ("table",),
+            registry=registry,
+            buckets=DURATION_BUCKETS,
+        )
         self.backlog_rows = gauge("backlog_rows", "Outbox rows waiting, per scope.")
         self.backlog_shards = gauge("backlog_shards", "Outbox shards with rows waiting.")
 
@@ -117,6 +131,15 @@ class PrometheusMetrics(Metrics):
     def backlog(self, table: str, scope: str, rows: int, shards: int) -> None:
         self.instruments.backlog_rows.labels(table, scope).set(rows)
         self.instruments.backlog_shards.labels(table, scope).set(shards)
+
+    def receiver_finished(
+        self, table: str, scope: str, category: str, receiver: str, duration_seconds: float
+    ) -> None:
+        histogram = self.instruments.receiver_duration
+        histogram.labels(table, scope, category, receiver).observe(duration_seconds)
+
+    def claimed(self, table: str, shards: int, duration_seconds: float) -> None:
+        self.instruments.claim_duration.labels(table).observe(duration_seconds)
 
 
 class PrometheusScrapeMetrics(PrometheusMetrics):

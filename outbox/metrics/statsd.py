@@ -5,7 +5,9 @@ Plain StatsD has no tags, so labels become name segments after the prefix
 ``outbox.saved.<table>.<scope>.<category>`` (likewise ``processed``, ``failed``,
 ``dead_lettered``), ``outbox.leases_lost.<table>.<scope>``, the timers
 ``outbox.processing_lag.<table>.<scope>.<category>`` and
-``outbox.send_duration.<table>.<scope>.<category>`` (milliseconds, as StatsD times), and
+``outbox.send_duration.<table>.<scope>.<category>``,
+``outbox.receiver_duration.<table>.<scope>.<category>.<receiver>`` and
+``outbox.claim_duration.<table>`` (milliseconds, as StatsD times), and
 the gauges ``outbox.backlog_rows.<table>.<scope>`` and ``outbox.backlog_shards.<...>``.
 The table is its model label with the dot replaced: ``outbox_RegionOutbox``.
 """
@@ -66,6 +68,15 @@ class StatsdMetrics(Metrics):
         with self.client.pipeline() as batch:
             batch.gauge(_name("backlog_rows", table, scope), rows)
             batch.gauge(_name("backlog_shards", table, scope), shards)
+
+    def receiver_finished(
+        self, table: str, scope: str, category: str, receiver: str, duration_seconds: float
+    ) -> None:
+        name = _name("receiver_duration", table, scope, category, receiver)
+        self.client.timing(name, duration_seconds * 1000)
+
+    def claimed(self, table: str, shards: int, duration_seconds: float) -> None:
+        self.client.timing(_name("claim_duration", table), duration_seconds * 1000)
 
 
 @functools.lru_cache(maxsize=4096)
