@@ -14,7 +14,11 @@ Coalesced = tuple[
 ]
 
 
-def coalesce(model: type[OutboxBase], rows: Sequence[Sequence[Any]]) -> Coalesced:
+def coalesce(
+    model: type[OutboxBase],
+    rows: Sequence[Sequence[Any]],
+    shards: Sequence[ShardKey] = (),
+) -> Coalesced:
     """Group rows read in id order (within each shard) into coalescing groups.
 
     Each row is the `shard_fields` values, then id, category, object_identifier,
@@ -22,10 +26,12 @@ def coalesce(model: type[OutboxBase], rows: Sequence[Sequence[Any]]) -> Coalesce
     stops at its first row that is not due: that row and the shard's later rows wait
     (the shard is "cut"). Returns the groups per shard (in order of their oldest row),
     each group's newest row, the number of rows read per shard, and the shards cut.
-    This loop runs once per row read, so it is kept tight.
+    This loop runs once per row read, so it is kept tight: the keys of `shards` (those
+    read, if the caller has them) are reused rather than built again per shard.
     """
     width = len(model.shard_fields)
     unregioned = model.shard_fields == ("shard_scope", "shard_identifier")
+    known = {key[3 - width :]: key for key in shards}
     groups: dict[ShardKey, list[Group]] = {}
     newest: dict[Group, Sequence[Any]] = {}
     read: dict[ShardKey, int] = {}
@@ -41,7 +47,9 @@ def coalesce(model: type[OutboxBase], rows: Sequence[Sequence[Any]]) -> Coalesce
         if raw != last_raw:  # rows of one shard usually come together
             last_raw = raw
             if raw not in per_shard:
-                key = ShardKey("", *raw) if unregioned else model.shard_key_of(raw)
+                key = known.get(raw) or (
+                    ShardKey("", *raw) if unregioned else model.shard_key_of(raw)
+                )
                 per_shard[raw] = (key, groups.setdefault(key, []), {})
                 read[key] = 0
             shard, shard_groups, by_object = per_shard[raw]

@@ -10,7 +10,7 @@
 - A round ends with one statement that deletes the delivered rows of shards still held,
   reschedules failed rows with per-row values, backs their shards off and releases the
   finished ones, and reports which shards are still held.
-The statements themselves live in `postgres_sql`.
+The statements themselves live in `postgres_sql`, their parameters in `postgres_params`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from outbox.backends.base import (
     Window,
 )
 from outbox.backends.coalesce import coalesce
+from outbox.backends.postgres_params import bound_params, key_arrays, settle_params
 from outbox.backends.postgres_sql import statements
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
@@ -69,82 +70,6 @@ def payload_decoder(
         return value
 
     return decode
-
-
-def int_array(values: Sequence[int]) -> str:
-    """An array literal for `%s::bigint[]`: one string is far cheaper to bind than a list."""
-    return "{" + ",".join(map(str, values)) + "}"
-
-
-def text_array(values: Sequence[str]) -> str:
-    """An array literal for `%s::text[]`, every element quoted (so "" and NULL are text)."""
-    if not any(values):  # region outboxes: every region name is ""
-        return "{" + ",".join(['""'] * len(values)) + "}"
-    quoted = (value.replace("\\", "\\\\").replace('"', '\\"') for value in values)
-    return "{" + ",".join(f'"{value}"' for value in quoted) + "}"
-
-
-def key_arrays(keys: Sequence[ShardKey]) -> tuple[str, str, str]:
-    """Shard keys as three array literals: binding lists element by element costs more
-    than the statement itself when a batch holds thousands of one-row shards."""
-    if not keys:
-        return "{}", "{}", "{}"
-    regions, scopes, identifiers = zip(*keys, strict=True)
-    return text_array(regions), int_array(scopes), int_array(identifiers)
-
-
-def key_params(prefix: str, keys: Sequence[ShardKey]) -> dict[str, str]:
-    """Shard keys as the three parallel arrays `{prefix}_regions`, `_scopes`, `_identifiers`."""
-    regions, scopes, identifiers = key_arrays(keys)
-    return {
-        f"{prefix}_regions": regions,
-        f"{prefix}_scopes": scopes,
-        f"{prefix}_identifiers": identifiers,
-    }
-
-
-def bound_params(prefix: str, key: ShardKey) -> dict[str, Any]:
-    return {
-        f"{prefix}_region": key.region_name,
-        f"{prefix}_scope": key.shard_scope,
-        f"{prefix}_identifier": key.shard_identifier,
-    }
-
-
-def attempt_rows(settlement: Settlement) -> dict[str, Any]:
-    """The failed and dead rows as parallel arrays: id, delay, error, traceback, the
-    receivers done (newest row of a group only, else NULL) and whether it is dead."""
-    groups = [(f, False) for f in settlement.failed] + [(f, True) for f in settlement.dead]
-    rows = [
-        (row_id, delay, f.error, f.traceback, f.delivered_to if row_id == newest else None, dead)
-        for f, dead in groups
-        for newest in [max(f.row_delays, default=0)]
-        for row_id, delay in f.row_delays.items()
-    ]
-    columns = list(zip(*rows, strict=True)) if rows else [(), (), (), (), (), ()]
-    return {
-        "failed": int_array(columns[0]),
-        "delays": list(columns[1]),
-        "errors": list(columns[2]),
-        "tracebacks": list(columns[3]),
-        "done": list(columns[4]),
-        "dead": list(columns[5]),
-    }
-
-
-def settle_params(model: type[OutboxBase], lease: Lease, settlement: Settlement) -> dict[str, Any]:
-    delivered, failed = settlement.delivered, settlement.failed
-    return {
-        "label": model._meta.label_lower,
-        "token": lease.token,
-        "delivered": int_array([row_id for ids in delivered.values() for row_id in ids]),
-        "delivered_shards": len(delivered),
-        **key_params("d", list(delivered)),
-        **attempt_rows(settlement),
-        **key_params("b", [f.shard for f in failed]),
-        "b_delays": [f.block_seconds for f in failed],
-        **key_params("r", settlement.release),
-    }
 
 
 class PostgresBackend(OutboxBackend):
@@ -227,7 +152,7 @@ class PostgresBackend(OutboxBackend):
         timed = message_processed.has_listeners(model)
         statement = sql.read_window_timed if timed else sql.read_window
         rows = self._fetch(statement, [*key_arrays(shards), per_shard])
-        groups, newest, read, cut = coalesce(model, rows)
+        groups, newest, read, cut = coalesce(model, rows, shards)
         decode = self._decoder(model)
         message_at = len(model.shard_fields) + 5
         for group, row in newest.items():
@@ -265,8 +190,9 @@ class PostgresBackend(OutboxBackend):
     ) -> tuple[int, set[ShardKey]]:
         params = settle_params(model, lease, settlement)
         result = self._fetch(statements(model).settle, params)
-        held = {ShardKey(*row[1:]) for row in result if row[1] is not None}
-        return int(result[0][0]), held
+        # Plain tuples: they compare and hash as the ShardKeys they stand for.
+        held = {tuple(row[1:]) for row in result if row[1] is not None}
+        return int(result[0][0]), held  # type: ignore[return-value]
 
     def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
         params = {"label": model._meta.label_lower, "token": lease.token, "seconds": lease.seconds}
