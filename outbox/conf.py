@@ -196,7 +196,19 @@ class OutboxSettings:
         "path like every other database.",
     )
     LOOP_INTERVAL_SECONDS: Setting[float] = Setting(
-        1.0, "How long `drain_outboxes --loop` sleeps when nothing is due.", above=0
+        1.0,
+        "How long `drain_outboxes --loop` sleeps when nothing is due. On PostgreSQL with "
+        "`OUTBOX_NOTIFY` on, a write to one of its tables wakes it sooner; this is then "
+        "only the fallback, should a notification be lost.",
+        above=0,
+    )
+    NOTIFY: Setting[bool] = Setting(
+        True,
+        "PostgreSQL: wake an idle `drain_outboxes --loop` within milliseconds of a commit. "
+        "`migrate` gives every outbox table a statement-level trigger that NOTIFYs at "
+        "commit, and the loop LISTENs on a connection of its own. Off, `migrate` removes "
+        "the triggers and the loop polls every `OUTBOX_LOOP_INTERVAL_SECONDS`, as on other "
+        "databases.",
     )
     GRACEFUL_TIMEOUT_SECONDS: Setting[float] = Setting(
         30.0,

@@ -26,11 +26,9 @@ def coalesce(
     stops at its first row that is not due: that row and the shard's later rows wait
     (the shard is "cut"). Returns the groups per shard (in order of their oldest row),
     each group's newest row, the number of rows read per shard, and the shards cut.
-    This loop runs once per row read, so it is kept tight: the keys of `shards` (those
-    read, if the caller has them) are reused rather than built again per shard.
+    The loop runs once per row read, so it is kept tight (keys of `shards` are reused).
     """
     width = len(model.shard_fields)
-    unregioned = model.shard_fields == ("shard_scope", "shard_identifier")
     known = {key[3 - width :]: key for key in shards}
     groups: dict[ShardKey, list[Group]] = {}
     newest: dict[Group, Sequence[Any]] = {}
@@ -47,9 +45,7 @@ def coalesce(
         if raw != last_raw:  # rows of one shard usually come together
             last_raw = raw
             if raw not in per_shard:
-                key = known.get(raw) or (
-                    ShardKey("", *raw) if unregioned else model.shard_key_of(raw)
-                )
+                key = known.get(raw) or model.shard_key_of(raw)
                 per_shard[raw] = (key, groups.setdefault(key, []), {})
                 read[key] = 0
             shard, shard_groups, by_object = per_shard[raw]

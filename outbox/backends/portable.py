@@ -160,7 +160,7 @@ class PortableBackend(OutboxBackend):
         due = Case(When(scheduled_for__lte=Now(), then=True), default=False)
         read = self.pending(model).filter(any_of(selectors)).annotate(due=due).order_by("id")
         rows = list(read.values_list(*columns)[:limit])
-        groups, _, _, cut = coalesce(model, rows)
+        groups, _, _, cut = coalesce(model, rows, shards)
         # One window for all shards: when it is full, any shard may continue past it.
         incomplete = set(shards) - cut if len(rows) >= limit else set()
         newest_ids = [group.newest_id for shard_groups in groups.values() for group in shard_groups]

@@ -32,6 +32,7 @@ from outbox.conf import outbox_settings
 from outbox.engine.drain import drain_outboxes
 from outbox.engine.drainer import Drainer
 from outbox.engine.stats import DrainStats
+from outbox.engine.wakeup import StopEvent, Waiter
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase, outbox_models
 from outbox.shards import ShardKey
@@ -104,7 +105,7 @@ class DrainWorker:
         # A fan-out task's shards of its one table; their reservation is given back first.
         self.shards = list(shards) if shards is not None else None
         self.reservation = reservation
-        self._stop = threading.Event()
+        self._stop = StopEvent()  # also ends the idle loop's wait (engine/wakeup.py)
         self._requests: list[tuple[int | None, float]] = []
         self._result: DrainStats | BaseException | None = None  # of the drain thread
 
@@ -253,19 +254,21 @@ class DrainWorker:
         progress interval so progress can be reported between them."""
         started = time.monotonic()
         total = self._total = DrainStats()
-        while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            slice_end = time.monotonic() + self.progress_every if self.progress_every else None
-            if deadline is not None:
-                slice_end = min(slice_end or deadline, deadline)
-            stats = self._drain_round(slice_end)
-            total.add(stats)
-            cut_short = slice_end is not None and time.monotonic() >= slice_end
-            if cut_short and stats.shards and self.on_progress is not None:
-                self.on_progress(total, time.monotonic() - started)
-            if not (cut_short and stats.shards) and not self.loop:
-                break
-            if not stats.shards:
-                self._stop.wait(outbox_settings.LOOP_INTERVAL_SECONDS)
+        # An idle loop waits for a write to its tables (LISTEN/NOTIFY) or the interval.
+        with Waiter(self.models, self.using, self._stop, listen=self.loop) as waiter:
+            while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                slice_end = time.monotonic() + self.progress_every if self.progress_every else None
+                if deadline is not None:
+                    slice_end = min(slice_end or deadline, deadline)
+                stats = self._drain_round(slice_end)
+                total.add(stats)
+                cut_short = slice_end is not None and time.monotonic() >= slice_end
+                if cut_short and stats.shards and self.on_progress is not None:
+                    self.on_progress(total, time.monotonic() - started)
+                if not (cut_short and stats.shards) and not self.loop:
+                    break
+                if not stats.shards:
+                    waiter.wait(outbox_settings.LOOP_INTERVAL_SECONDS)
         return total
 
     def _drain_round(self, deadline: float | None) -> DrainStats:

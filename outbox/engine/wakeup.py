@@ -1,0 +1,203 @@
+"""How an idle drain loop waits: until a table it drains is written to, the poll interval
+passes or it is asked to stop, whichever comes first.
+
+On PostgreSQL with `OUTBOX_NOTIFY` on (the default), each database the loop drains gets
+a LISTEN connection of its own (`backends.postgres_notify.Listener`) on its tables'
+channels, which their triggers notify as an INSERT commits; the wait ends as soon as one
+arrives. A notification is only a hint: the loop still polls at
+`OUTBOX_LOOP_INTERVAL_SECONDS`, so a lost notification only delays a message to the next
+poll. A dropped connection is replaced at the next wait (at most once per
+`_RECONNECT_SECONDS` while the database is away), and the wait ends right after a
+reconnect, since notifications sent meanwhile are gone. Other databases only poll.
+
+The wait sleeps in `select()` on the listeners' sockets and on a socket that `StopEvent`
+writes to when it is set, so a stop request ends it at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from types import TracebackType
+
+from django.db import connections, router
+
+from outbox.backends.postgres_notify import Listener, ListenerLost, channel, supports
+from outbox.models import OutboxBase, outbox_models
+
+logger = logging.getLogger("outbox.engine")
+
+_RECONNECT_SECONDS = 1.0
+_PLAIN_EVENT_SLICE = 0.05  # how often a wait looks at a stop event that is no StopEvent
+
+
+class StopEvent(threading.Event):
+    """A drain's stop event that also tells whoever waits on it with `select()`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_set: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        super().set()
+        for callback in tuple(self.on_set):
+            callback()
+
+
+def channels_by_database(
+    models: Sequence[type[OutboxBase]] | None, using: str | None
+) -> dict[str, list[str]]:
+    """The channels to LISTEN on, per database that wakes its drain loops."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for model in models or outbox_models():
+        alias = using or router.db_for_write(model)
+        if supports(connections[alias]):
+            found[alias].append(channel(model))
+    return dict(found)
+
+
+class Waiter:
+    """Waits for a notification on the tables of a drain loop, or the poll interval.
+    Use it as a context manager: it listens from entry (so nothing committed during the
+    first round is missed) to exit."""
+
+    def __init__(
+        self,
+        models: Sequence[type[OutboxBase]] | None,
+        using: str | None,
+        stop: threading.Event,
+        *,
+        listen: bool = True,
+    ) -> None:
+        self.stop = stop
+        self.channels = channels_by_database(models, using) if listen else {}
+        self.listeners: dict[str, Listener] = {}
+        self._retry_at = 0.0
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+
+    def __enter__(self) -> Waiter:
+        if self.channels:
+            self._wake = socket.socketpair()
+            for end in self._wake:
+                end.setblocking(False)
+            if isinstance(self.stop, StopEvent):
+                self.stop.on_set.append(self._interrupt)
+            self._connect()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if isinstance(self.stop, StopEvent) and self._interrupt in self.stop.on_set:
+            self.stop.on_set.remove(self._interrupt)
+        self._drop(*self.listeners)
+        if self._wake is not None:
+            for end in self._wake:
+                end.close()
+            self._wake = None
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds; True when woken by a notification or a
+        reconnect (drain now), False at the timeout or a stop request."""
+        deadline = time.monotonic() + timeout
+        if self._wake is None:
+            self.stop.wait(timeout)
+            return False
+        try:
+            return self._connect() or self._listen(deadline)  # reconnected: drain now
+        except Exception:  # the wake-up only hastens the drain: never let it end it
+            logger.exception(
+                "outbox listener failed; polling until it reconnects",
+                extra={"event": "outbox.listener_failed"},
+            )
+            self._drop(*self.listeners)
+            self._retry_at = time.monotonic() + _RECONNECT_SECONDS
+            self.stop.wait(max(deadline - time.monotonic(), 0.0))
+            return False
+
+    def _listen(self, deadline: float) -> bool:
+        assert self._wake is not None
+        while not self.stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if len(self.listeners) < len(self.channels):  # try again to connect soon
+                remaining = min(remaining, max(self._retry_at - time.monotonic(), 0.0))
+            if not isinstance(self.stop, StopEvent):  # a plain Event cannot interrupt
+                remaining = min(remaining, _PLAIN_EVENT_SLICE)
+            poller = select.poll()
+            poller.register(self._wake[0], select.POLLIN)
+            by_fd = {}
+            for alias, listener in self.listeners.items():
+                by_fd[listener.fd] = alias
+                poller.register(listener.fd, select.POLLIN)
+            ready = poller.poll(remaining * 1000)
+            self._clear_wake()
+            if self._take([by_fd[fd] for fd, _ in ready if fd in by_fd]) or self._connect():
+                return True
+        return False
+
+    def _take(self, aliases: list[str]) -> bool:
+        """Whether these readable listeners had notifications; drop the ones that died."""
+        woken = False
+        for alias in aliases:
+            try:
+                woken |= self.listeners[alias].take() > 0
+            except ListenerLost as exc:
+                logger.warning(
+                    "outbox listener on %r lost its connection (%s); reconnecting",
+                    alias,
+                    exc,
+                    extra={"event": "outbox.listener_lost", "using": alias},
+                )
+                self._drop(alias)
+                self._retry_at = 0.0
+        return woken
+
+    def _drop(self, *aliases: str) -> None:
+        for alias in aliases:
+            self.listeners.pop(alias).close()
+
+    def _connect(self) -> bool:
+        """Connect the listeners missing, if it is time to try; whether any was."""
+        if len(self.listeners) == len(self.channels) or time.monotonic() < self._retry_at:
+            return False
+        connected = False
+        for alias, names in self.channels.items():
+            if alias in self.listeners:
+                continue
+            try:
+                self.listeners[alias] = Listener(alias, names)
+                connected = True
+            except Exception as exc:  # the database may be away: poll meanwhile
+                self._retry_at = time.monotonic() + _RECONNECT_SECONDS
+                logger.warning(
+                    "outbox listener could not connect to %r (%s); polling meanwhile",
+                    alias,
+                    exc,
+                    extra={"event": "outbox.listener_connect_failed", "using": alias},
+                )
+        return connected
+
+    def _interrupt(self) -> None:
+        """Called when the stop event is set (from another thread): end the select."""
+        wake = self._wake
+        if wake is not None:
+            # OSError: full (a wake-up is pending anyway) or closed (the wait is over)
+            with contextlib.suppress(OSError):
+                wake[1].send(b"\0")
+
+    def _clear_wake(self) -> None:
+        assert self._wake is not None
+        with contextlib.suppress(BlockingIOError):  # nothing (more) to read
+            while self._wake[0].recv(4096):
+                pass
