@@ -21,6 +21,8 @@ CONTENDER_KEYS = {
     "drain_2p": "drain_2p_per_s",
     "procrastinate": "procrastinate_per_s",
     "procrastinate_lock": "procrastinate_lock_per_s",
+    "domain_events": "domain_events_per_s",
+    "reliable_outbox": "reliable_outbox_per_s",
     "reference": "reference_per_s",
 }
 RATIOS = {  # name: (numerator, denominator, column header)
@@ -31,6 +33,8 @@ RATIOS = {  # name: (numerator, denominator, column header)
         "procrastinate_lock",
         "1p ÷ procrastinate lock",
     ),
+    "drain_1p_over_domain_events": ("drain_1p", "domain_events", "1p ÷ domain-events"),
+    "drain_1p_over_reliable_outbox": ("drain_1p", "reliable_outbox", "1p ÷ reliable-outbox"),
     "drain_1p_over_reference": ("drain_1p", "reference", "1p ÷ reference"),
     "drain_2p_over_drain_1p": ("drain_2p", "drain_1p", "2p ÷ 1p"),
 }
@@ -40,6 +44,8 @@ COLUMNS = [
     ("drain_2p", "outboxes 2p"),
     ("procrastinate", "procrastinate"),
     ("procrastinate_lock", "procrastinate lock=shard"),
+    ("domain_events", "django-domain-events"),
+    ("reliable_outbox", "django-reliable-outbox"),
     ("reference", "reference design"),
 ]
 

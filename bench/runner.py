@@ -8,8 +8,11 @@ from the contender's own report.
 
 from __future__ import annotations
 
+import importlib
+import sys
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 from bench.shapes import Shape
@@ -24,10 +27,82 @@ class Contender:
     title: str
     target: str
     processes: int = 1
-    queue: str = "outbox"  # "outbox": RegionOutbox rows; "procrastinate": one job per row
+    # "outbox": RegionOutbox rows; "procrastinate": one job per row; a key of PEERS: the
+    # peer package's own table, loaded and counted by its module
+    queue: str = "outbox"
     lock: bool = False  # procrastinate jobs carry lock = their shard
     coalesces: bool = True
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A peer Django outbox package, measured when it is installed."""
+
+    module: str  # load(shape), left(), clear(), run(budget, batch_size), BATCH_SIZE
+    package: str
+    flag: str  # the bench.settings flag that says it is installed
+    install: str
+    python: tuple[int, int] = (3, 10)  # the oldest Python it runs on
+
+    def missing(self) -> str | None:
+        """Why it is left out of this run, or None when it is in."""
+        from django.conf import settings
+
+        if getattr(settings, self.flag, False):
+            return None
+        if sys.version_info < self.python:
+            running = ".".join(map(str, sys.version_info[:2]))
+            return f"needs Python {'.'.join(map(str, self.python))}+, this is {running}"
+        return f"not installed ({self.install})"
+
+
+# The peers' contenders: queue name -> peer. BATCH_SIZE in each module is the batch the
+# peer runs at, its fastest documented one (bench/README.md, "The peers").
+PEERS = {
+    "domain_events": Peer(
+        "bench.contenders.domain_events",
+        "django-domain-events",
+        "HAS_DOMAIN_EVENTS",
+        "pip install -e '.[bench]'",
+    ),
+    "reliable_outbox": Peer(
+        "bench.contenders.reliable_outbox",
+        "django-reliable-outbox",
+        "HAS_RELIABLE_OUTBOX",
+        "pip install django-reliable-outbox",
+        python=(3, 12),
+    ),
+}
+_reported_missing: set[str] = set()
+
+
+def _peer_module(queue: str) -> Any:
+    return importlib.import_module(PEERS[queue].module)
+
+
+def peer_contenders() -> list[Contender]:
+    """The peers that are installed; each other one is left out with a line on stderr."""
+    found = []
+    for queue, peer in PEERS.items():
+        missing = peer.missing()
+        if missing:
+            if queue not in _reported_missing:
+                _reported_missing.add(queue)
+                print(f"bench: {peer.package} {missing}: left out", file=sys.stderr, flush=True)
+            continue
+        batch = _peer_module(queue).BATCH_SIZE
+        found.append(
+            Contender(
+                queue,
+                f"{peer.package} {metadata.version(peer.package)}, 1 process, batch {batch}",
+                f"{peer.module}.run",
+                queue=queue,
+                coalesces=False,
+                kwargs={"batch_size": batch},
+            )
+        )
+    return found
 
 
 def contenders(batch_rows: int, with_procrastinate: bool) -> list[Contender]:
@@ -62,6 +137,7 @@ def contenders(batch_rows: int, with_procrastinate: bool) -> list[Contender]:
                 coalesces=False,
             ),
         ]
+    found += peer_contenders()
     found.append(
         Contender(
             "reference",
@@ -82,6 +158,8 @@ def _load(contender: Contender, shape: Shape) -> int:
         loaded = defer_shape(shape, lock=contender.lock)
         analyze()
         return loaded
+    if contender.queue in PEERS:
+        return int(_peer_module(contender.queue).load(shape))
     return load_shape(shape)
 
 
@@ -92,7 +170,15 @@ def _left(contender: Contender) -> int:
         from bench.contenders.procrastinate_jobs import remaining_jobs
 
         return sum(remaining_jobs().values())
+    if contender.queue in PEERS:
+        return int(_peer_module(contender.queue).left())
     return outbox_rows()
+
+
+def _clear(contender: Contender) -> None:
+    """Empty a peer's table once counted, so its rows weigh on no later contender."""
+    if contender.queue in PEERS:
+        _peer_module(contender.queue).clear()
 
 
 def check(contender: Contender, shape: Shape, result: dict[str, Any]) -> list[str]:
@@ -122,6 +208,7 @@ def measure_drain(contender: Contender, shape: Shape, budget: float) -> dict[str
         raise RuntimeError(f"{contender.name}: loaded {loaded} rows, expected {shape.rows}")
     run = run_processes(contender.target, contender.processes, budget, **contender.kwargs)
     left = _left(contender)
+    _clear(contender)
     retired = loaded - left
     workers = run.results
     complete = left == 0 and all(worker.get("complete", True) for worker in workers)

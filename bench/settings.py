@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 SECRET_KEY = "outbox-bench"
 DEBUG = False  # DEBUG would log every query in memory and slow every contender down
@@ -19,12 +20,27 @@ TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 HAS_PROCRASTINATE = importlib.util.find_spec("procrastinate") is not None
+# The peer outboxes (bench/contenders/domain_events.py, reliable_outbox.py), each in the
+# run only when installed. django-reliable-outbox needs Python 3.12+.
+HAS_DOMAIN_EVENTS = importlib.util.find_spec("django_domain_events") is not None
+HAS_RELIABLE_OUTBOX = (
+    sys.version_info >= (3, 12) and importlib.util.find_spec("reliable_outbox") is not None
+)
 
 INSTALLED_APPS = [
     "outbox",
     "bench",
     *(["procrastinate.contrib.django"] if HAS_PROCRASTINATE else []),
+    # django-domain-events requires auth (its event row has a nullable user key).
+    *(
+        ["django.contrib.contenttypes", "django.contrib.auth", "django_domain_events"]
+        if HAS_DOMAIN_EVENTS
+        else []
+    ),
+    *(["reliable_outbox"] if HAS_RELIABLE_OUTBOX else []),
 ]
+# The relay's idle prune sweep is housekeeping, not delivery (it deletes nothing here).
+DJANGO_DOMAIN_EVENTS = {"RELAY_PRUNE": False}
 
 DATABASES = {
     "default": {
