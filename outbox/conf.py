@@ -192,7 +192,7 @@ class OutboxSettings:
     )
     FAST_PATH: Setting[bool] = Setting(
         True,
-        "Use the PostgreSQL fast path on PostgreSQL. Off, PostgreSQL takes the portable "
+        "Use the fast path of PostgreSQL and of MariaDB 10.6+. Off, they take the portable "
         "path like every other database.",
     )
     LOOP_INTERVAL_SECONDS: Setting[float] = Setting(

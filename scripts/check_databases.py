@@ -33,6 +33,7 @@ CHECKS = {
     "postgres": check_postgres,
     "postgres-portable": check_postgres,
     "mariadb": check_mariadb,
+    "mariadb-portable": check_mariadb,
 }
 
 failed = False

@@ -1,4 +1,5 @@
-"""Settings of the test suite; OUTBOX_TEST_DB picks sqlite (default), postgres or mariadb."""
+"""Settings of the test suite; OUTBOX_TEST_DB picks sqlite (default), postgres or mariadb
+(or postgres-portable, mariadb-portable: the portable path on that database)."""
 
 import json
 import os
@@ -19,10 +20,10 @@ INSTALLED_APPS = [
 ]
 
 TEST_DB = os.environ.get("OUTBOX_TEST_DB", "sqlite")
-# "postgres-portable" runs PostgreSQL through the portable path instead of the fast path.
-OUTBOX_FAST_PATH = TEST_DB != "postgres-portable"
-if TEST_DB == "postgres-portable":
-    TEST_DB = "postgres"
+# "postgres-portable" and "mariadb-portable" run the database through the portable path
+# instead of its fast path.
+OUTBOX_FAST_PATH = not TEST_DB.endswith("-portable")
+TEST_DB = TEST_DB.removesuffix("-portable")
 
 
 def _database(name: str) -> dict:

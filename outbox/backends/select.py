@@ -1,10 +1,10 @@
 """The one place that picks a backend for a database.
 
 Fast paths are tried in order; the first that supports the connection (its vendor and
-features) wins, unless OUTBOX_FAST_PATH is off. Every other database, and every
-database with the fast path off, takes the portable ORM path, which is correct on
-SQLite, PostgreSQL and MariaDB/MySQL alike. A MariaDB SKIP LOCKED backend would be one
-more entry in FAST_PATHS, with nothing to change in the engine.
+version) wins, unless OUTBOX_FAST_PATH is off: PostgreSQL, and MariaDB 10.6 or later.
+Every other database (SQLite, MySQL, MariaDB before 10.6), and every database with the
+fast path off, takes the portable ORM path, which is correct on SQLite, PostgreSQL and
+MariaDB/MySQL alike.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from __future__ import annotations
 from django.db import connections
 
 from outbox.backends.base import ExecuteWrapper, OutboxBackend
+from outbox.backends.mariadb import MariaDBBackend
 from outbox.backends.portable import PortableBackend
 from outbox.backends.postgres import PostgresBackend
 from outbox.conf import outbox_settings
 
-FAST_PATHS: tuple[type[OutboxBackend], ...] = (PostgresBackend,)
+FAST_PATHS: tuple[type[OutboxBackend], ...] = (PostgresBackend, MariaDBBackend)
 
 
 def backend_class(using: str) -> type[OutboxBackend]:
