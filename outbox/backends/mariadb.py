@@ -35,8 +35,8 @@ from outbox.backends.base import (
     Window,
 )
 from outbox.backends.coalesce import coalesce
+from outbox.backends.convert import Convert
 from outbox.backends.mariadb_params import (
-    Convert,
     attempt_documents,
     back_off_document,
     converter,

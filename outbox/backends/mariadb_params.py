@@ -7,13 +7,13 @@ however many shards, far cheaper to bind than thousands of placeholders.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import JSONField
 
 from outbox.backends.base import FailedGroup, Lease
+from outbox.backends.convert import Convert, field_converter
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
@@ -21,8 +21,6 @@ from outbox.shards import ShardKey
 # well inside max_allowed_packet (16 MiB by default). A failed group's error and
 # traceback alone may take 24 kB, so the failures of a wide batch go in chunks.
 DOCUMENT_CHARS = 4_000_000
-
-Convert = Callable[[Any], Any]
 
 
 def key_json(keys: Iterable[ShardKey]) -> str:
@@ -66,17 +64,10 @@ def back_off_document(failed: Sequence[FailedGroup]) -> str:
 
 
 def converter(model: type[OutboxBase], name: str, connection: BaseDatabaseWrapper) -> Convert:
-    """How Django turns column `name` into a value: json.loads for a stock JSONField,
-    as Django does; else the field's own converters (a decoder, time zones)."""
-    field = model._meta.get_field(name)
-    if type(field) is JSONField and field.decoder is None:
-        return lambda value: json.loads(value) if isinstance(value, (str, bytes)) else value
-    column = field.get_col(model._meta.db_table)  # type: ignore[union-attr]
-    converters = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
+    """How Django turns column `name` into a value: json.loads for a stock JSONField, as
+    Django does; else the field's own converters (see `field_converter`)."""
+    return field_converter(model, name, connection, _loads_json)
 
-    def convert(value: Any) -> Any:
-        for function in converters:
-            value = function(value, column, connection)
-        return value
 
-    return convert
+def _loads_json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, (str, bytes)) else value

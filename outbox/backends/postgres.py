@@ -21,7 +21,6 @@ from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import JSONField
 
 from outbox.backends.base import (
     ExecuteWrapper,
@@ -34,6 +33,7 @@ from outbox.backends.base import (
     Window,
 )
 from outbox.backends.coalesce import coalesce
+from outbox.backends.convert import field_converter
 from outbox.backends.postgres_params import bound_params, key_arrays, settle_params
 from outbox.backends.postgres_sql import statements
 from outbox.models import OutboxBase
@@ -52,24 +52,9 @@ def _decode_stock_json(value: Any) -> Any:
 def payload_decoder(
     model: type[OutboxBase], connection: BaseDatabaseWrapper
 ) -> Callable[[Any], Any]:
-    """How Django turns the payload column of `model` into a value, as one function.
-
-    A stock JSONField without a decoder takes the fast raw_decode; any other field (a
-    custom decoder, a JSONField subclass) goes through its own converters, as a
-    queryset would.
-    """
-    payload_field = model._meta.get_field("payload")
-    if type(payload_field) is JSONField and payload_field.decoder is None:
-        return _decode_stock_json
-    column = payload_field.get_col(model._meta.db_table)  # type: ignore[union-attr]
-    converters = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
-
-    def decode(value: Any) -> Any:
-        for converter in converters:
-            value = converter(value, column, connection)
-        return value
-
-    return decode
+    """How Django turns the payload column of `model` into a value: raw_decode for a
+    stock JSONField (see `field_converter`)."""
+    return field_converter(model, "payload", connection, _decode_stock_json)
 
 
 class PostgresBackend(OutboxBackend):

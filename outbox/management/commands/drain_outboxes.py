@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.apps import apps
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
@@ -22,8 +20,8 @@ from outbox.conf import outbox_settings
 from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
 from outbox.exceptions import DrainInTransaction, InvalidOutboxMessage
 from outbox.health import backlog
+from outbox.management.arguments import database_alias, outbox_table
 from outbox.metrics import record_backlog
-from outbox.models import OutboxBase
 
 logger = logging.getLogger("outbox.engine")
 
@@ -69,9 +67,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.verbosity = options["verbosity"]
-        self.using = self._database(options["database"])
+        self.using = database_alias(options["database"])
         worker = DrainWorker(
-            [self._table(label) for label in options["table"]],
+            [outbox_table(label) for label in options["table"]],
             using=self.using,
             scopes=self._scopes(options["scope"]),
             identifiers=options["shard"] or None,
@@ -106,27 +104,11 @@ class Command(BaseCommand):
                 returncode=FAILED_EXIT_STATUS,
             )
 
-    def _table(self, label: str) -> type[OutboxBase]:
-        try:
-            model = apps.get_model(label)
-        except (LookupError, ValueError) as exc:
-            raise CommandError(f"Unknown outbox table {label!r}.") from exc
-        if not issubclass(model, OutboxBase):
-            raise CommandError(f"{label} is not an outbox table.")
-        return model
-
     def _scopes(self, names: list[str]) -> list[int] | None:
         try:
             return [int(registry.scope_by_name(name)) for name in names] or None
         except InvalidOutboxMessage as exc:
             raise CommandError(str(exc)) from exc
-
-    def _database(self, alias: str | None) -> str | None:
-        if alias is not None and alias not in settings.DATABASES:
-            raise CommandError(
-                f"Unknown database {alias!r} (DATABASES has {list(settings.DATABASES)})."
-            )
-        return alias
 
     def _heartbeat(self, total: DrainStats, elapsed: float) -> None:
         """`--loop`, every OUTBOX_HEARTBEAT_SECONDS, busy or idle: one INFO line with the

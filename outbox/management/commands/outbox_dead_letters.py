@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-from django.apps import apps
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.categories import registry
 from outbox.exceptions import InvalidOutboxMessage
+from outbox.management.arguments import database_alias, outbox_table
 from outbox.models import OutboxBase, OutboxQuerySet, outbox_models
 
 LIST_LIMIT = 1000
@@ -38,9 +37,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="list: print JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = options["database"]
-        if alias is not None and alias not in settings.DATABASES:
-            raise CommandError(f"Unknown database {alias!r}.")
+        alias = database_alias(options["database"])
         narrowed = options["id"] or options["shard"] or options["category"]
         if options["action"] != "list" and not (narrowed or options["all"]):
             raise CommandError("Say which dead letters: --id, --shard, --category, or --all.")
@@ -57,16 +54,7 @@ class Command(BaseCommand):
     def _tables(self, options: dict[str, Any]) -> list[type[OutboxBase]]:
         if not options["table"]:
             return outbox_models()
-        tables = []
-        for label in options["table"]:
-            try:
-                model = apps.get_model(label)
-            except (LookupError, ValueError) as exc:
-                raise CommandError(f"Unknown outbox table {label!r}.") from exc
-            if not issubclass(model, OutboxBase):
-                raise CommandError(f"{label} is not an outbox table.")
-            tables.append(model)
-        return tables
+        return [outbox_table(label) for label in options["table"]]
 
     def _select(
         self, model: type[OutboxBase], alias: str | None, options: dict[str, Any]

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.health import Thresholds, problems, statuses
+from outbox.management.arguments import database_alias
 
 UNHEALTHY_EXIT_STATUS = 2
 
@@ -40,11 +40,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = options["database"]
-        if alias is not None and alias not in settings.DATABASES:
-            raise CommandError(
-                f"Unknown database {alias!r} (DATABASES has {list(settings.DATABASES)})."
-            )
+        alias = database_alias(options["database"])
         for name in ("max_lag", "max_dead", "max_expired"):
             if options[name] is not None and options[name] < 0:
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative.")
