@@ -26,6 +26,7 @@ import outbox.engine.events as events
 from outbox.backends import get_backend
 from outbox.backends.base import Group, Lease, Settlement, ShardFilter, Window
 from outbox.conf import outbox_settings
+from outbox.engine.collector import collector_paused
 from outbox.engine.failures import judge
 from outbox.engine.keeper import Holding, LeaseKeeper
 from outbox.engine.rounds import cut_at_bounds, retrying
@@ -172,7 +173,8 @@ class Drainer:
         active = list(lease.shards)
         try:
             while active and not self.stop.is_set():
-                window = self.backend.read_window(self.model, active, self._window_rows())
+                with collector_paused():
+                    window = self.backend.read_window(self.model, active, self._window_rows())
                 reached = cut_at_bounds(window, bounds) if bounds else set()
                 round_ = Round()
                 try:
