@@ -215,3 +215,18 @@ def test_the_context_argument_turns_the_deferred_writer_on_and_off(settings):
         direct = RegionOutboxFactory()
         assert direct.pk is not None
     assert RegionOutbox.objects.count() == 2
+
+
+def test_a_written_row_holds_its_key_and_database_defaults_as_a_saved_row_does():
+    with outbox_context(transaction.atomic(), flush=False):
+        row = RegionOutboxFactory(payload={"v": 1})
+    stored = RegionOutbox.objects.get(pk=row.pk)
+    fields = ("date_added", "scheduled_for", "scheduled_from", "delivered_to", "last_traceback")
+    with CaptureQueriesContext(connection) as queries:
+        values = [getattr(row, name) for name in fields]
+    assert values == [getattr(stored, name) for name in fields]
+    assert values[0].tzinfo is not None
+    if settings.TEST_DB.startswith("postgres"):
+        assert not queries.captured_queries  # returned by the INSERT itself
+    assert not row._state.adding
+    assert row._state.db == "default"

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 
+from outbox.columns import Convert, column_converter
 from outbox.models import OutboxBase
 
-Convert = Callable[[Any], Any]
+__all__ = ["Convert", "field_converter"]
 
 
 def field_converter(
@@ -25,12 +23,4 @@ def field_converter(
     field = model._meta.get_field(name)
     if type(field) is JSONField and field.decoder is None:
         return stock_json
-    column = field.get_col(model._meta.db_table)  # type: ignore[union-attr]
-    converters = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
-
-    def convert(value: Any) -> Any:
-        for function in converters:
-            value = function(value, column, connection)
-        return value
-
-    return convert
+    return column_converter(model, name, connection)

@@ -30,6 +30,7 @@ from django.db.transaction import Atomic
 import outbox.internals as internals
 from outbox.writes.announce import announce_saved
 from outbox.writes.hooks import hooks
+from outbox.writes.insert import insert
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -129,12 +130,13 @@ class HeldRows:
         if commit_wrapper is None:
             plain.bulk_create(rows)
             return
-        # Only the last statement may carry the COMMIT: make it one of its own.
+        # Only the last statement may carry the COMMIT: make it one of its own, written
+        # by hand (`insert`), since the COMMIT rides along on PostgreSQL only.
         head, tail = rows[:-LAST_STATEMENT_ROWS], rows[-LAST_STATEMENT_ROWS:]
         if head:
             plain.bulk_create(head)
         with connections[self.using].execute_wrapper(commit_wrapper):
-            plain.bulk_create(tail, batch_size=len(tail))
+            insert(model, tail, self.using)
 
     def discard(self) -> None:
         self.entries = {}

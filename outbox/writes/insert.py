@@ -1,0 +1,76 @@
+"""The deferred writer's last INSERT, the one that carries the COMMIT: rendered here.
+
+`bulk_create` builds and compiles a query for every call, which costs a one-row
+transaction more than the INSERT itself does in the database. The statement's text
+for a table is always the same apart from which columns take their database default,
+so it is put together from a cached plan: the columns, their `get_db_prep_save`
+values (what `bulk_create` sends), `DEFAULT` where a field's value is its database
+default, and `RETURNING` the primary key and the database defaults, converted as a
+queryset would convert them. Used only where the COMMIT can ride along (PostgreSQL,
+whose multi-row `INSERT ... RETURNING` returns rows in the order given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+from django.db.models import NOT_PROVIDED, Field
+from django.db.models.expressions import DatabaseDefault
+
+from outbox.columns import Convert, column_converter
+
+if TYPE_CHECKING:
+    from outbox.models import OutboxBase
+
+
+@dataclass(frozen=True)
+class _Plan:
+    fields: tuple[Field[Any, Any], ...]
+    head: str  # INSERT INTO "table" ("a", "b", ...) VALUES
+    tail: str  # RETURNING "id", the columns with a database default
+    returned: tuple[tuple[str, Convert], ...]  # (attname, converter) per returned column
+
+
+@cache
+def _plan(model: type[OutboxBase], using: str) -> _Plan:
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    meta = model._meta
+    fields = tuple(f for f in meta.concrete_fields if not f.primary_key)
+    returned = (meta.pk, *(f for f in fields if f.db_default is not NOT_PROVIDED))
+    columns = ", ".join(quote(str(f.column)) for f in fields)
+    return _Plan(
+        fields=fields,
+        head=f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ",
+        tail=" RETURNING " + ", ".join(quote(str(f.column)) for f in returned),
+        returned=tuple((f.attname, column_converter(model, f.name, connection)) for f in returned),
+    )
+
+
+def insert(model: type[OutboxBase], rows: list[OutboxBase], using: str) -> None:
+    """INSERT `rows` (new, without a primary key) in one statement and set on each its
+    primary key and database defaults, as `bulk_create` does on PostgreSQL (the caller
+    marks them saved, `internals.mark_written`)."""
+    plan = _plan(model, using)
+    connection = connections[using]
+    values: list[str] = []
+    params: list[Any] = []
+    for row in rows:
+        marks = []
+        for field in plan.fields:
+            value = field.pre_save(row, True)
+            if isinstance(value, DatabaseDefault):
+                marks.append("DEFAULT")
+            else:
+                marks.append("%s")
+                params.append(field.get_db_prep_save(value, connection))
+        values.append(f"({', '.join(marks)})")
+    with connection.cursor() as cursor:
+        cursor.execute(plan.head + ", ".join(values) + plan.tail, params)
+        returned = cursor.fetchall()
+    for row, columns in zip(rows, returned, strict=True):
+        for (attname, convert), value in zip(plan.returned, columns, strict=True):
+            setattr(row, attname, convert(value))
