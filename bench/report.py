@@ -17,6 +17,7 @@ from typing import Any
 HEADLINE_SHAPE = "ordered_streams"
 CONTENDER_KEYS = {
     "raw_limit": "raw_limit_per_s",
+    "raw_leased": "raw_leased_per_s",
     "drain_1p": "drain_1p_per_s",
     "drain_2p": "drain_2p_per_s",
     "procrastinate": "procrastinate_per_s",
@@ -27,6 +28,8 @@ CONTENDER_KEYS = {
 }
 RATIOS = {  # name: (numerator, denominator, column header)
     "drain_1p_over_raw_limit": ("drain_1p", "raw_limit", "1p ÷ raw"),
+    "drain_1p_over_raw_leased": ("drain_1p", "raw_leased", "1p ÷ leased floor"),
+    "raw_leased_over_raw_limit": ("raw_leased", "raw_limit", "leased floor ÷ raw"),
     "drain_1p_over_procrastinate": ("drain_1p", "procrastinate", "1p ÷ procrastinate"),
     "drain_1p_over_procrastinate_lock": (
         "drain_1p",
@@ -40,6 +43,7 @@ RATIOS = {  # name: (numerator, denominator, column header)
 }
 COLUMNS = [
     ("raw_limit", "raw SQL limit"),
+    ("raw_leased", "raw + lease floor"),
     ("drain_1p", "outboxes 1p"),
     ("drain_2p", "outboxes 2p"),
     ("procrastinate", "procrastinate"),
@@ -160,6 +164,49 @@ def _cell(shape: dict[str, Any], contender: str) -> str:
     return _fmt(result["per_s"]) + ("" if result["complete"] else "*")
 
 
+def _drain_lines(shapes: dict[str, Any]) -> list[str]:
+    """The drain-rate table (rates, then ratios) and the receiver-call table."""
+    lines = [
+        "",
+        "## Drain rate (rows retired per second, higher is better)",
+        "",
+        "| shape | rows | "
+        + " | ".join(title for _, title in COLUMNS)
+        + " | "
+        + " | ".join(header for _, _, header in RATIOS.values())
+        + " |",
+        "|---|---:|" + "---:|" * (len(COLUMNS) + len(RATIOS)),
+    ]
+    for shape in shapes.values():
+        ratios = shape["ratios"]
+        lines.append(
+            f"| {shape['shape']['title']} | {shape['shape']['rows']:,} | "
+            + " | ".join(_cell(shape, name) for name, _ in COLUMNS)
+            + " | "
+            + " | ".join(_fmt(ratios[name], 2) for name in RATIOS)
+            + " |"
+        )
+    lines += [
+        "",
+        "Receiver calls (coalescing makes fewer):",
+        "",
+        "| shape | rows | groups | " + " | ".join(title for _, title in COLUMNS) + " |",
+        "|---|---:|---:|" + "---:|" * len(COLUMNS),
+    ]
+    for shape in shapes.values():
+        calls = [
+            _fmt(shape["contenders"][name]["receiver_calls"])
+            if name in shape["contenders"]
+            else "-"
+            for name, _ in COLUMNS
+        ]
+        lines.append(
+            f"| {shape['shape']['title']} | {shape['shape']['rows']:,} | "
+            f"{shape['shape']['coalescing_groups']:,} | " + " | ".join(calls) + " |"
+        )
+    return lines
+
+
 def markdown(data: dict[str, Any]) -> str:
     versions = data["versions"]
     lines = [
@@ -177,80 +224,10 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     shapes = data.get("shapes", {})
     if shapes:
-        lines += [
-            "",
-            "## Drain rate (rows retired per second, higher is better)",
-            "",
-            "| shape | rows | "
-            + " | ".join(title for _, title in COLUMNS)
-            + " | "
-            + " | ".join(header for _, _, header in RATIOS.values())
-            + " |",
-            "|---|---:|" + "---:|" * (len(COLUMNS) + len(RATIOS)),
-        ]
-        for shape in shapes.values():
-            ratios = shape["ratios"]
-            lines.append(
-                f"| {shape['shape']['title']} | {shape['shape']['rows']:,} | "
-                + " | ".join(_cell(shape, name) for name, _ in COLUMNS)
-                + " | "
-                + " | ".join(_fmt(ratios[name], 2) for name in RATIOS)
-                + " |"
-            )
-        lines += [
-            "",
-            "Receiver calls (coalescing makes fewer):",
-            "",
-            "| shape | rows | groups | " + " | ".join(title for _, title in COLUMNS) + " |",
-            "|---|---:|---:|" + "---:|" * len(COLUMNS),
-        ]
-        for shape in shapes.values():
-            calls = [
-                _fmt(shape["contenders"][name]["receiver_calls"])
-                if name in shape["contenders"]
-                else "-"
-                for name, _ in COLUMNS
-            ]
-            lines.append(
-                f"| {shape['shape']['title']} | {shape['shape']['rows']:,} | "
-                f"{shape['shape']['coalescing_groups']:,} | " + " | ".join(calls) + " |"
-            )
-    lines += ["", "## Other measurements", "", "| measurement | value |", "|---|---:|"]
-    if "write_overhead" in data:
-        write = data["write_overhead"]
-        per_op = write["per_op_us"]
-        lines += write_overhead_lines(write)
-        if "procrastinate_ratio" in write:
-            lines.append(
-                f"| write overhead: save + procrastinate defer ÷ save alone | "
-                f"{write['procrastinate_ratio']:.2f}x ({per_op['save_procrastinate']:.0f} µs) |"
-            )
-    if "sync_flush" in data:
-        sync = data["sync_flush"]
-        lines.append(
-            f"| synchronous flush, commit → receiver ({sync['iterations']:,} flushes) | "
-            f"p50 **{sync['p50_ms']:.2f} ms**, p99 **{sync['p99_ms']:.2f} ms** |"
-        )
-    if "coalescing" in data:
-        co = data["coalescing"]
-        lines.append(
-            f"| coalescing: {co['updates']:,} updates over {co['objects']:,} objects "
-            f"(1 process) | {co['rows_retired']:,} rows retired, {co['receiver_calls']:,} "
-            f"receiver calls, {co['seconds']:.2f} s |"
-        )
-    if "scale" in data:
-        scale = data["scale"]
-        for step in scale["steps"]:
-            lines.append(
-                f"| scale: drain rate at {step['backlog_rows']:,} backlog rows "
-                f"({step['shards']:,} shards, 1 process) | {_fmt(step['per_s'])} rows/s"
-                f"{'' if step['complete'] else '*'} ({step['seconds']:.1f} s) |"
-            )
-        if scale["ratio"] is not None:
-            lines.append(f"| scale: per-row rate {scale['ratio_of']} | **{scale['ratio']:.2f}x** |")
-    from bench import sections
+        lines += _drain_lines(shapes)
+    from bench.report_other import other_lines
 
-    lines += sections.markdown(data)
+    lines += other_lines(data)
     if data.get("problems"):
         lines += ["", "## Problems", ""] + [f"- {problem}" for problem in data["problems"]]
     lines += [
@@ -262,107 +239,14 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def chart(data: dict[str, Any], path: Path) -> bool:
-    """Grouped bars of drain rates per shape (log scale) and the scale curve."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError:
-        return False
-    shapes = data.get("shapes", {})
-    scale = data.get("scale")
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [2.2, 1]})
-    bars, curve = axes
-    names = [
-        (key, title)
-        for key, title in COLUMNS
-        if any(key in shape["contenders"] for shape in shapes.values())
-    ]
-    width = 0.8 / max(len(names), 1)
-    handles: list[Any] = []
-    for offset, (key, title) in enumerate(names):
-        xs, ys, capped = [], [], []
-        for index, shape in enumerate(shapes.values()):
-            result = shape["contenders"].get(key)
-            if result and result["per_s"] > 0:
-                xs.append(index + offset * width - 0.4 + width / 2)
-                ys.append(result["per_s"])
-                capped.append(not result["complete"])
-        drawn = bars.bar(xs, ys, width, label=title)
-        for rect, stopped in zip(drawn, capped, strict=True):
-            if stopped:
-                rect.set_hatch("//")
-        if len(drawn):
-            handles.append(Patch(facecolor=drawn[0].get_facecolor(), label=title))
-    bars.set_yscale("log")
-    bars.set_xticks(range(len(shapes)))
-    bars.set_xticklabels(
-        [f"{s['shape']['title']}\n{s['shape']['rows']:,} rows" for s in shapes.values()],
-        fontsize=8,
-    )
-    bars.set_ylabel("rows retired per second (log)")
-    bars.set_title("Drain rate, same rows and batch size (hatched: stopped at budget)")
-    bars.legend(handles=handles, fontsize=8)
-    bars.grid(axis="y", which="both", alpha=0.3)
-    if scale:
-        rows = [step["backlog_rows"] for step in scale["steps"]]
-        rates = [step["per_s"] for step in scale["steps"]]
-        curve.plot(rows, rates, marker="o")
-        curve.set_xscale("log")
-        curve.set_ylim(bottom=0)
-        curve.set_xlabel("backlog rows (log)")
-        curve.set_ylabel("rows per second")
-        curve.set_title(f"Engine drain rate vs backlog ({scale['ratio'] or 0:.2f}x at largest)")
-        curve.grid(alpha=0.3)
-    else:
-        curve.axis("off")
-    fig.suptitle(
-        f"django-outboxes benchmark ({data['mode']}, {data['timestamp']}, "
-        f"backend {data['versions']['outbox_backend']})",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
 def write(data: dict[str, Any], folder: Path, stem: str) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     json_path, md_path, png_path = (folder / f"{stem}.{ext}" for ext in ("json", "md", "png"))
     json_path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     md_path.write_text(markdown(data))
     written = [json_path, md_path]
+    from bench.report_chart import chart
+
     if chart(data, png_path):
         written.append(png_path)
     return written
-
-
-def write_overhead_lines(write: dict[str, Any]) -> list[str]:
-    """Both write paths, each beside its own floor measured in the same run."""
-    per_op = write["per_op_us"]
-    lines = [
-        f"| write overhead, default path (Django's save INSERTs the row): save + outbox row "
-        f"÷ save alone ({write['iterations_each']:,} each) | **{write['ratio']:.2f}x** "
-        f"({per_op['save']:.0f} µs → {per_op['save_outbox']:.0f} µs) |",
-        f"| its floor: save + the same INSERT by hand, own round trip ÷ save alone | "
-        f"{write['sql_floor_ratio']:.2f}x ({per_op['save_sql']:.0f} µs) |",
-    ]
-    if "orm_floor_ratio" in write:
-        lines.append(
-            f"| its ORM floor: save + the same row through Django's own Model.save ÷ save "
-            f"alone | {write['orm_floor_ratio']:.2f}x ({per_op['save_orm']:.0f} µs) |"
-        )
-    if "deferred_ratio" in write:
-        lines += [
-            f"| write overhead, deferred path (one bulk insert with the COMMIT): save + "
-            f"outbox row ÷ save alone | **{write['deferred_ratio']:.2f}x** "
-            f"({per_op['save_outbox_deferred']:.0f} µs) |",
-            f"| its floor: save + the same INSERT by hand, COMMIT in its round trip ÷ save "
-            f"alone | {write['deferred_sql_floor_ratio']:.2f}x "
-            f"({per_op['save_sql_commit']:.0f} µs) |",
-        ]
-    return lines

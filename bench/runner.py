@@ -114,6 +114,13 @@ def contenders(batch_rows: int, with_procrastinate: bool) -> list[Contender]:
             coalesces=False,
             kwargs={"batch_rows": batch_rows},
         ),
+        Contender(
+            "raw_leased",
+            "raw SQL + a lease row per shard (psycopg, 1 process)",
+            "bench.contenders.raw_leased.run",
+            coalesces=False,
+            kwargs={"batch_rows": batch_rows},
+        ),
         Contender("drain_1p", "django-outboxes, 1 process", "bench.contenders.drain.run"),
         Contender(
             "drain_2p", "django-outboxes, 2 processes", "bench.contenders.drain.run", processes=2
