@@ -197,6 +197,16 @@ class Registry:
                 f"Unknown category {value!r}: no OutboxScope lists a category with this value."
             ) from None
 
+    def scope_name(self, value: int) -> str:
+        """A scope value's declared name, or the number itself when none declares it."""
+        scope = self.scopes.get(value)
+        return scope.name if scope is not None else str(value)
+
+    def category_name(self, value: int) -> str:
+        """A category value's declared name, or the number itself when none declares it."""
+        category = self.categories.get(value)
+        return category.name if category is not None else str(value)
+
     def scope_of(self, category: OutboxCategory) -> OutboxScope:
         return self._scope_of[category]
 

@@ -88,7 +88,7 @@ def _scopes(
     ):
         for entry in leased.values("shard_scope").annotate(n=Count("id")).order_by():
             by_scope[entry["shard_scope"]][state] = entry["n"]
-    return [{"scope": _scope_name(value), **by_scope[value]} for value in sorted(by_scope)]
+    return [{"scope": registry.scope_name(value), **by_scope[value]} for value in sorted(by_scope)]
 
 
 def _empty_scope() -> dict[str, Any]:
@@ -118,7 +118,7 @@ def _worst_shards(model: type[OutboxBase], manager: Any) -> list[dict[str, Any]]
             continue
         shard = model.shard_key_of(key)
         worst[key] = {
-            "scope": _scope_name(shard.shard_scope),
+            "scope": registry.scope_name(shard.shard_scope),
             "shard": str(shard),
             "attempts": row["attempts"],
             "last_error": row["last_error"][:500],
@@ -130,8 +130,3 @@ def _worst_shards(model: type[OutboxBase], manager: Any) -> list[dict[str, Any]]
 
 def _age(now: datetime, then: datetime | None) -> float:
     return max((now - then).total_seconds(), 0.0) if then is not None else 0.0
-
-
-def _scope_name(value: int) -> str:
-    scope = registry.scopes.get(value)
-    return scope.name if scope is not None else str(value)

@@ -176,7 +176,8 @@ def record_backlog(using: str | None = None, metrics: Metrics | None = None) -> 
     for model in outbox_models():
         table = _table(model)
         counts = {
-            _scope_name(scope): (rows, shards) for scope, rows, shards in _backlog(model, using)
+            registry.scope_name(scope): (rows, shards)
+            for scope, rows, shards in _backlog(model, using)
         }
         seen = _reported.setdefault((using or "", table), set())
         for scope in sorted(seen - counts.keys()):
@@ -207,15 +208,6 @@ def _table(model: type[Any]) -> str:
     return str(model._meta.label)
 
 
-def _scope_name(value: int) -> str:
-    return scope.name if (scope := registry.scopes.get(value)) is not None else str(value)
-
-
-def _category_name(value: int) -> str:
-    known = registry.categories.get(value)
-    return known.name if known is not None else str(value)
-
-
 def _reporting(receiver: Callable[..., None]) -> Callable[..., None]:
     """Run `receiver` only while metrics are installed; log its errors, never raise them:
     a metrics backend that is down must not fail a delivery."""
@@ -237,7 +229,7 @@ def _reporting(receiver: Callable[..., None]) -> Callable[..., None]:
 def _on_saved(metrics: Metrics, table: str, *, rows: list[OutboxBase], **kwargs: Any) -> None:
     written = Counter((row.shard_scope, row.category) for row in rows)
     for (scope, category), count in written.items():
-        metrics.saved(table, _scope_name(scope), _category_name(category), count)
+        metrics.saved(table, registry.scope_name(scope), registry.category_name(category), count)
 
 
 @_reporting
@@ -254,7 +246,7 @@ def _on_processed(
     **kwargs: Any,
 ) -> None:
     retired = rows if isinstance(rows, int) else len(rows)
-    scope, category_name = _scope_name(shard.shard_scope), _category_name(category)
+    scope, category_name = registry.scope_name(shard.shard_scope), registry.category_name(category)
     metrics.processed(table, scope, category_name, retired, lag_seconds, duration_seconds)
     for receiver, seconds in (receiver_seconds or {}).items():
         metrics.receiver_finished(table, scope, category_name, receiver, seconds)
@@ -271,19 +263,21 @@ def _on_claimed(
 def _on_failed(
     metrics: Metrics, table: str, *, shard: ShardKey, category: int, **kwargs: Any
 ) -> None:
-    metrics.failed(table, _scope_name(shard.shard_scope), _category_name(category))
+    metrics.failed(table, registry.scope_name(shard.shard_scope), registry.category_name(category))
 
 
 @_reporting
 def _on_dead_lettered(
     metrics: Metrics, table: str, *, shard: ShardKey, category: int, **kwargs: Any
 ) -> None:
-    metrics.dead_lettered(table, _scope_name(shard.shard_scope), _category_name(category))
+    metrics.dead_lettered(
+        table, registry.scope_name(shard.shard_scope), registry.category_name(category)
+    )
 
 
 @_reporting
 def _on_lease_lost(metrics: Metrics, table: str, *, shard: ShardKey, **kwargs: Any) -> None:
-    metrics.lease_lost(table, _scope_name(shard.shard_scope))
+    metrics.lease_lost(table, registry.scope_name(shard.shard_scope))
 
 
 _RECEIVERS: tuple[tuple[Signal, Callable[..., None]], ...] = (
