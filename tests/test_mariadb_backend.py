@@ -5,6 +5,7 @@ takeover, lost leases, region collations, isolation levels, and real concurrency
 """
 
 import itertools
+import json
 import threading
 import time
 from collections import defaultdict
@@ -363,3 +364,22 @@ def test_three_drainers_on_wide_batches_deliver_each_row_once_in_order(
     assert len({d.thread for d in Delivery.objects.all()}) > 1  # more than one worked
     assert not ShardLease.objects.exists()
     assert all(c["category"] == Category.AUDIT_EVENT for c in calls.calls)
+
+
+def test_payload_text_written_by_hand_with_whitespace_is_read_as_django_reads_it(calls):
+    """Django writes JSON without whitespace around it and the read skips json.loads'
+    whitespace scans for it; text with spaces around it, written by hand, still decodes."""
+    for identifier, text in [(1, '{"v": 1}'), (2, '  {"v": 2}'), (3, "[3, 3]\n "), (4, " null ")]:
+        RegionOutboxFactory(shard_identifier=identifier, object_identifier=identifier)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {RegionOutbox._meta.db_table} SET payload = %s"
+                " WHERE shard_identifier = %s",
+                [text, identifier],
+            )
+    drain_outboxes()
+    assert sorted(calls.payloads(), key=repr) == sorted(
+        [{"v": 1}, {"v": 2}, [3, 3], None], key=repr
+    )
+    with pytest.raises(json.JSONDecodeError):
+        mariadb_params._loads_json('[1] "trailing text"')
