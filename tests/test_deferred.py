@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from outbox import outbox_context
 from outbox.engine import drain_outboxes
@@ -230,3 +231,14 @@ def test_a_written_row_holds_its_key_and_database_defaults_as_a_saved_row_does()
         assert not queries.captured_queries  # returned by the INSERT itself
     assert not row._state.adding
     assert row._state.db == "default"
+
+
+def test_a_row_with_an_expression_for_a_value_is_written_as_bulk_create_writes_it():
+    from django.db.models.functions import Now
+
+    with outbox_context(transaction.atomic(), flush=False):
+        row = RegionOutboxFactory(payload={"v": 1}, scheduled_for=Now())
+    stored = RegionOutbox.objects.get()
+    assert stored.pk == row.pk
+    assert stored.payload == {"v": 1}
+    assert stored.scheduled_for <= timezone.now()

@@ -136,7 +136,8 @@ class HeldRows:
         if head:
             plain.bulk_create(head)
         with connections[self.using].execute_wrapper(commit_wrapper):
-            insert(model, tail, self.using)
+            if not insert(model, tail, self.using):
+                plain.bulk_create(tail, batch_size=len(tail))
 
     def discard(self) -> None:
         self.entries = {}

@@ -32,6 +32,7 @@ class _Plan:
     head: str  # INSERT INTO "table" ("a", "b", ...) VALUES
     tail: str  # RETURNING "id", the columns with a database default
     returned: tuple[tuple[str, Convert], ...]  # (attname, converter) per returned column
+    placeholders: bool  # some field renders its own placeholder (left to bulk_create)
 
 
 @cache
@@ -47,14 +48,19 @@ def _plan(model: type[OutboxBase], using: str) -> _Plan:
         head=f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ",
         tail=" RETURNING " + ", ".join(quote(str(f.column)) for f in returned),
         returned=tuple((f.attname, column_converter(model, f.name, connection)) for f in returned),
+        placeholders=any(hasattr(f, "get_placeholder") for f in fields),
     )
 
 
-def insert(model: type[OutboxBase], rows: list[OutboxBase], using: str) -> None:
+def insert(model: type[OutboxBase], rows: list[OutboxBase], using: str) -> bool:
     """INSERT `rows` (new, without a primary key) in one statement and set on each its
     primary key and database defaults, as `bulk_create` does on PostgreSQL (the caller
-    marks them saved, `internals.mark_written`)."""
+    marks them saved, `internals.mark_written`). False, with nothing sent, when a value
+    is an expression (`Now()`, `F(...)`) or a field has its own placeholder: those are
+    `bulk_create`'s to compile."""
     plan = _plan(model, using)
+    if plan.placeholders:
+        return False
     connection = connections[using]
     values: list[str] = []
     params: list[Any] = []
@@ -64,6 +70,8 @@ def insert(model: type[OutboxBase], rows: list[OutboxBase], using: str) -> None:
             value = field.pre_save(row, True)
             if isinstance(value, DatabaseDefault):
                 marks.append("DEFAULT")
+            elif hasattr(value, "resolve_expression"):
+                return False
             else:
                 marks.append("%s")
                 params.append(field.get_db_prep_save(value, connection))
@@ -74,3 +82,4 @@ def insert(model: type[OutboxBase], rows: list[OutboxBase], using: str) -> None:
     for row, columns in zip(rows, returned, strict=True):
         for (attname, convert), value in zip(plan.returned, columns, strict=True):
             setattr(row, attname, convert(value))
+    return True
