@@ -32,7 +32,9 @@ class _Plan:
     head: str  # INSERT INTO "table" ("a", "b", ...) VALUES
     tail: str  # RETURNING "id", the columns with a database default
     returned: tuple[tuple[str, Convert], ...]  # (attname, converter) per returned column
-    placeholders: bool  # some field renders its own placeholder (left to bulk_create)
+    # Left to bulk_create: a field renders its own placeholder, or the key is not one
+    # the database assigns.
+    compiled_elsewhere: bool
 
 
 @cache
@@ -48,7 +50,8 @@ def _plan(model: type[OutboxBase], using: str) -> _Plan:
         head=f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ",
         tail=" RETURNING " + ", ".join(quote(str(f.column)) for f in returned),
         returned=tuple((f.attname, column_converter(model, f.name, connection)) for f in returned),
-        placeholders=any(hasattr(f, "get_placeholder") for f in fields),
+        compiled_elsewhere=any(hasattr(f, "get_placeholder") for f in fields)
+        or not getattr(meta.pk, "db_returning", False),
     )
 
 
@@ -56,10 +59,10 @@ def insert(model: type[OutboxBase], rows: list[OutboxBase], using: str) -> bool:
     """INSERT `rows` (new, without a primary key) in one statement and set on each its
     primary key and database defaults, as `bulk_create` does on PostgreSQL (the caller
     marks them saved, `internals.mark_written`). False, with nothing sent, when a value
-    is an expression (`Now()`, `F(...)`) or a field has its own placeholder: those are
-    `bulk_create`'s to compile."""
+    is an expression (`Now()`, `F(...)`), a field has its own placeholder or the table's
+    key is not one the database assigns: those are `bulk_create`'s to compile."""
     plan = _plan(model, using)
-    if plan.placeholders:
+    if plan.compiled_elsewhere:
         return False
     connection = connections[using]
     values: list[str] = []
