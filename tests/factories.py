@@ -27,3 +27,24 @@ class ControlOutboxFactory(factory.django.DjangoModelFactory):
     category = Category.USER_UPDATE
     object_identifier = factory.Sequence(lambda n: n)
     payload = factory.Sequence(lambda n: {"n": n})
+
+
+def failed_region_row(shard_identifier, *, backoff_minutes=5, **fields):
+    """A region row as the engine leaves it after a failed delivery: an attempt, an
+    error, due after its back-off, and its shard's back-off lease (no holder)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from outbox.models import ShardLease
+
+    due = timezone.now() + timedelta(minutes=backoff_minutes)
+    fields = {"attempts": 1, "last_error": "RuntimeError: receiver failed", **fields}
+    row = RegionOutboxFactory(shard_identifier=shard_identifier, scheduled_for=due, **fields)
+    ShardLease.objects.update_or_create(
+        outbox="outbox.regionoutbox",
+        shard_scope=row.shard_scope,
+        shard_identifier=shard_identifier,
+        defaults={"token": None, "expires_at": due},
+    )
+    return row

@@ -19,7 +19,7 @@ from outbox.admin.bulk import MAX_KEYS
 from outbox.engine import drain_outboxes
 from outbox.models import ControlOutbox, RegionOutbox, ShardLease
 from tests.conftest import committing
-from tests.factories import ControlOutboxFactory, RegionOutboxFactory
+from tests.factories import ControlOutboxFactory, RegionOutboxFactory, failed_region_row
 from tests.testapp.categories import Category, Scope
 
 pytestmark = committing
@@ -27,25 +27,10 @@ pytestmark = committing
 CHANGELIST = "admin:outbox_regionoutbox_changelist"
 
 
-def failed(shard_identifier, object_identifier=None, backoff_minutes=5, **fields):
-    """A region row that failed once and backs off, with its shard's back-off lease."""
-    due = timezone.now() + timedelta(minutes=backoff_minutes)
+def failed(shard_identifier, object_identifier=None, **fields):
     if object_identifier is not None:
         fields["object_identifier"] = object_identifier
-    row = RegionOutboxFactory(
-        shard_identifier=shard_identifier,
-        attempts=1,
-        scheduled_for=due,
-        last_error="RuntimeError: receiver failed",
-        **fields,
-    )
-    ShardLease.objects.update_or_create(
-        outbox="outbox.regionoutbox",
-        shard_scope=row.shard_scope,
-        shard_identifier=shard_identifier,
-        defaults={"token": None, "expires_at": due},
-    )
-    return row
+    return failed_region_row(shard_identifier, **fields)
 
 
 def staff(django_user_model, username, *codenames):

@@ -12,7 +12,7 @@ from django.utils import timezone
 from outbox.engine import drain_outboxes
 from outbox.models import RegionOutbox, ShardLease
 from tests.browser.conftest import missing
-from tests.factories import ControlOutboxFactory, RegionOutboxFactory
+from tests.factories import ControlOutboxFactory, RegionOutboxFactory, failed_region_row
 from tests.testapp.categories import Category
 
 pytestmark = [
@@ -25,22 +25,12 @@ SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "admin-da
 
 
 def failed(shard_identifier, backoff_minutes=5):
-    """A row as the engine leaves it after a failure, with its shard's back-off lease."""
-    due = timezone.now() + timedelta(minutes=backoff_minutes)
-    row = RegionOutboxFactory(
-        shard_identifier=shard_identifier,
+    return failed_region_row(
+        shard_identifier,
+        backoff_minutes=backoff_minutes,
         attempts=2,
-        scheduled_for=due,
         last_error="RuntimeError: the CRM answered 503",
     )
-    ShardLease.objects.create(
-        outbox="outbox.regionoutbox",
-        shard_scope=row.shard_scope,
-        shard_identifier=shard_identifier,
-        token=None,
-        expires_at=due,
-    )
-    return row
 
 
 def dead_worker_lease(shard_identifier):
