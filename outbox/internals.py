@@ -16,15 +16,16 @@ the engine, which records which receivers succeeded for a failing message).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, transaction
 from django.db.models import NOT_PROVIDED
 from django.db.models.expressions import DatabaseDefault
 from django.dispatch import Signal
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from outbox.models import OutboxBase
 
 
@@ -36,34 +37,38 @@ class SavepointMarker:
         pass
 
 
-def savepoint_marker(using: str) -> SavepointMarker | None:
+def savepoint_marker(connection: BaseDatabaseWrapper) -> SavepointMarker | None:
     """A marker for a save made now, or None outside any savepoint."""
-    if not connections[using].savepoint_ids:
+    if not connection.savepoint_ids:
         return None
     marker = SavepointMarker()
-    transaction.on_commit(marker, using=using)
+    connection.on_commit(marker)
     return marker
 
 
-def pending_markers(using: str) -> set[int]:
+def pending_markers(connection: BaseDatabaseWrapper) -> set[int]:
     """The ids of the markers whose savepoints were all kept so far."""
-    return {id(callback) for _, callback, *_ in connections[using].run_on_commit}
+    return {id(callback) for _, callback, *_ in connection.run_on_commit}
 
 
-def mark_written(row: OutboxBase, written: OutboxBase, using: str) -> None:
+def mark_written(row: OutboxBase, written: Mapping[str, Any], using: str) -> None:
     """Leave `row` as Django's save would have: its primary key and database set, no
-    longer adding, database defaults as returned (or reloaded on access)."""
-    row.pk = written.pk
+    longer adding. `written` holds what the INSERT returned by attname: the primary key,
+    and the database defaults where it returned them (the `vars()` of an instance that
+    `bulk_create` saved will do). A database default it did not return is read back
+    on first access."""
+    row.pk = written[row._meta.pk.attname]
     row._state.adding = False
     row._state.db = using
     values = row.__dict__
     for field in row._meta.concrete_fields:
-        if field.db_default is not NOT_PROVIDED and field.attname in values:
-            returned = written.__dict__.get(field.attname)
-            if returned is None or isinstance(returned, DatabaseDefault):
-                del values[field.attname]  # deferred: read back on first access
-            else:
-                values[field.attname] = returned
+        if field.db_default is NOT_PROVIDED or field.attname not in values:
+            continue
+        returned = written.get(field.attname)
+        if returned is not None and not isinstance(returned, DatabaseDefault):
+            values[field.attname] = returned
+        elif hasattr(values[field.attname], "resolve_expression"):
+            del values[field.attname]  # the database chose it: deferred, read on access
 
 
 def live_receivers(

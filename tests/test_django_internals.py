@@ -16,16 +16,16 @@ pytestmark = committing
 
 def test_a_marker_of_a_rolled_back_savepoint_is_no_longer_pending():
     with transaction.atomic():
-        assert internals.savepoint_marker(connection.alias) is None  # no savepoint yet
+        assert internals.savepoint_marker(connection) is None  # no savepoint yet
         with transaction.atomic():
-            kept = internals.savepoint_marker(connection.alias)
+            kept = internals.savepoint_marker(connection)
         try:
             with transaction.atomic():
-                dropped = internals.savepoint_marker(connection.alias)
+                dropped = internals.savepoint_marker(connection)
                 raise ZeroDivisionError
         except ZeroDivisionError:
             pass
-        pending = internals.pending_markers(connection.alias)
+        pending = internals.pending_markers(connection)
         assert kept is not None and dropped is not None
         assert id(kept) in pending
         assert id(dropped) not in pending
@@ -36,7 +36,7 @@ def test_mark_written_leaves_the_row_as_save_would():
     written = RegionOutboxFactory.build(object_identifier=row.object_identifier)
     with transaction.atomic():
         RegionOutbox.objects.bulk_create([written])
-    internals.mark_written(row, written, connection.alias)
+    internals.mark_written(row, vars(written), connection.alias)
     assert row.pk == written.pk
     assert row._state.adding is False and row._state.db == connection.alias
     assert row.date_added is not None  # a database default, read back

@@ -67,6 +67,29 @@ def test_access_to_a_bad_value_raises_naming_the_setting(name, value):
         getattr(outbox_settings, name)
 
 
+def test_a_bad_value_raises_on_every_read_and_a_fixed_one_is_read_again(settings):
+    settings.OUTBOX_BATCH_ROWS = 0
+    for _ in range(2):  # a value that failed its check is not kept
+        with pytest.raises(OutboxConfigurationError, match=r"^OUTBOX_BATCH_ROWS is 0"):
+            outbox_settings.BATCH_ROWS  # noqa: B018
+    settings.OUTBOX_BATCH_ROWS = 5
+    assert outbox_settings.BATCH_ROWS == 5
+
+
+def test_a_read_value_is_kept_until_a_setting_changes(settings):
+    from django.conf import settings as django_settings
+    from django.core.signals import setting_changed
+
+    settings.OUTBOX_TASK_SHARDS = 3
+    assert outbox_settings.TASK_SHARDS == 3
+    # Assigned behind Django's back: no setting_changed, so the kept value stays.
+    django_settings.OUTBOX_TASK_SHARDS = 9
+    assert outbox_settings.TASK_SHARDS == 3
+    # Any OUTBOX_* change announced by Django drops every kept value.
+    setting_changed.send(None, setting="OUTBOX_LEASE_SECONDS", value=1, enter=True)
+    assert outbox_settings.TASK_SHARDS == 9
+
+
 def test_unknown_names_are_no_attributes():
     with pytest.raises(AttributeError):
         outbox_settings.BACH_SHARDS  # noqa: B018

@@ -23,17 +23,19 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.models import signals
 from django.db.transaction import Atomic
 
 import outbox.internals as internals
 from outbox.writes.announce import announce_saved
 from outbox.writes.hooks import hooks
-from outbox.writes.insert import insert
+from outbox.writes.insert import Snapshot, insert
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
     from outbox.models import OutboxBase
 
@@ -48,7 +50,7 @@ class _Entry:
     signals: bool  # saved by save() (sends pre/post_save), not bulk_create
     # Each save of the row: its savepoint marker (None outside any savepoint) and the
     # field values taken then.
-    saves: list[tuple[internals.SavepointMarker | None, dict[str, Any]]]
+    saves: list[tuple[internals.SavepointMarker | None, Snapshot]]
 
 
 @dataclass
@@ -57,16 +59,21 @@ class HeldRows:
 
     using: str
     entries: dict[int, _Entry] = field(default_factory=dict)  # by id(row), in save order
+    # The connection of the transaction the context opened (this thread's): looked up
+    # once, not at every save.
+    connection: BaseDatabaseWrapper = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.connection = connections[self.using]
 
     def can_hold(self) -> bool:
         # A broken transaction must keep raising at save(), as an INSERT would.
-        connection = connections[self.using]
-        return connection.in_atomic_block and not transaction.get_rollback(self.using)
+        return self.connection.in_atomic_block and not self.connection.get_rollback()
 
     def hold(
         self, rows: Sequence[OutboxBase], payloads: Sequence[str], frame: Any, *, saved: bool
     ) -> None:
-        marker = internals.savepoint_marker(self.using)
+        marker = internals.savepoint_marker(self.connection)
         for row, payload_json in zip(rows, payloads, strict=True):
             if saved and signals.pre_save.has_listeners(type(row)):
                 signals.pre_save.send(
@@ -85,11 +92,16 @@ class HeldRows:
         here, so COMMIT in the same round trip where the database allows it."""
         entries = list(self.entries.values())
         self.discard()
-        if transaction.get_rollback(self.using):
+        if self.connection.get_rollback():
             return []
-        pending = internals.pending_markers(self.using)
-        kept: list[tuple[_Entry, dict[str, Any]]] = []
+        pending: set[int] | None = None  # read only where a save was inside a savepoint
+        kept: list[tuple[_Entry, Snapshot]] = []
         for entry in entries:
+            if len(entry.saves) == 1 and entry.saves[0][0] is None:
+                kept.append((entry, entry.saves[0][1]))
+                continue
+            if pending is None:
+                pending = internals.pending_markers(self.connection)
             saves = [
                 values for marker, values in entry.saves if marker is None or id(marker) in pending
             ]
@@ -98,20 +110,20 @@ class HeldRows:
         self._insert(kept, then_commit=then_commit)
         return [(entry.row, entry.frame) for entry, _ in kept]
 
-    def _insert(self, kept: list[tuple[_Entry, dict[str, Any]]], *, then_commit: bool) -> None:
-        by_table: dict[type[OutboxBase], list[tuple[_Entry, OutboxBase]]] = defaultdict(list)
-        for entry, values in kept:
-            by_table[type(entry.row)].append((entry, type(entry.row)(**values)))
+    def _insert(self, kept: list[tuple[_Entry, Snapshot]], *, then_commit: bool) -> None:
+        by_table: dict[type[OutboxBase], list[tuple[_Entry, Snapshot]]] = defaultdict(list)
+        for entry, snapshot in kept:
+            by_table[type(entry.row)].append((entry, snapshot))
         wrapper = None
         if then_commit and hooks.commit_with_last_insert is not None:
             wrapper = hooks.commit_with_last_insert(self.using)
         tables = list(by_table.items())
         for index, (model, pairs) in enumerate(tables):
-            written = [instance for _, instance in pairs]
             last = wrapper is not None and index == len(tables) - 1
-            self._bulk_create(model, written, commit_wrapper=wrapper if last else None)
-            for entry, instance in pairs:
-                internals.mark_written(entry.row, instance, self.using)
+            snapshots = [snapshot for _, snapshot in pairs]
+            written = self._write_table(model, snapshots, commit_wrapper=wrapper if last else None)
+            for (entry, _), values in zip(pairs, written, strict=True):
+                internals.mark_written(entry.row, values, self.using)
                 if entry.signals and signals.post_save.has_listeners(model):
                     signals.post_save.send(
                         model,
@@ -123,34 +135,47 @@ class HeldRows:
                     )
             announce_saved([entry.row for entry, _ in pairs], self.using)
 
-    def _bulk_create(
-        self, model: type[OutboxBase], rows: list[OutboxBase], commit_wrapper: Any
-    ) -> None:
-        plain: models.QuerySet[Any] = models.QuerySet(model, using=self.using)
+    def _write_table(
+        self, model: type[OutboxBase], snapshots: list[Snapshot], commit_wrapper: Any
+    ) -> list[Snapshot]:
+        """INSERT the rows; return each one's primary key and database defaults."""
         if commit_wrapper is None:
-            plain.bulk_create(rows)
-            return
+            return self._bulk_create(model, snapshots)
         # Only the last statement may carry the COMMIT: make it one of its own, written
         # by hand (`insert`), since the COMMIT rides along on PostgreSQL only.
-        head, tail = rows[:-LAST_STATEMENT_ROWS], rows[-LAST_STATEMENT_ROWS:]
-        if head:
-            plain.bulk_create(head)
-        with connections[self.using].execute_wrapper(commit_wrapper):
-            if not insert(model, tail, self.using):
-                plain.bulk_create(tail, batch_size=len(tail))
+        head, tail = snapshots[:-LAST_STATEMENT_ROWS], snapshots[-LAST_STATEMENT_ROWS:]
+        written = self._bulk_create(model, head) if head else []
+        with self.connection.execute_wrapper(commit_wrapper):
+            returned = insert(model, tail, self.using)
+            if returned is None:
+                returned = self._bulk_create(model, tail, batch_size=len(tail))
+        return written + returned
+
+    def _bulk_create(
+        self, model: type[OutboxBase], snapshots: list[Snapshot], **options: Any
+    ) -> list[Snapshot]:
+        instances = [_instance(model, snapshot) for snapshot in snapshots]
+        plain: models.QuerySet[Any] = models.QuerySet(model, using=self.using)
+        plain.bulk_create(instances, **options)
+        return [vars(instance) for instance in instances]
 
     def discard(self) -> None:
         self.entries = {}
 
 
-def _snapshot(row: OutboxBase, payload_json: str) -> dict[str, Any]:
-    """The row's field values now; the payload as decoded from its checked JSON text,
-    so later changes to the row's payload (even in place) do not reach the table."""
+def _snapshot(row: OutboxBase, payload_json: str) -> Snapshot:
+    """The row's field values now; the payload as its checked JSON text, so later
+    changes to the row's payload (even in place) do not reach the table."""
     values = {
         f.attname: getattr(row, f.attname) for f in row._meta.concrete_fields if not f.primary_key
     }
-    values["payload"] = json.loads(payload_json)
+    values["payload"] = payload_json
     return values
+
+
+def _instance(model: type[OutboxBase], snapshot: Snapshot) -> OutboxBase:
+    """A new instance of the row as it was saved, for bulk_create."""
+    return model(**{**snapshot, "payload": json.loads(snapshot["payload"])})
 
 
 def owned_database(atomic: Atomic | None, defer: bool) -> str | None:

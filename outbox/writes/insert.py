@@ -1,23 +1,29 @@
 """The deferred writer's last INSERT, the one that carries the COMMIT: rendered here.
 
-`bulk_create` builds and compiles a query for every call, which costs a one-row
-transaction more than the INSERT itself does in the database. The statement's text
-for a table is always the same apart from which columns take their database default,
-so it is put together from a cached plan: the columns, their `get_db_prep_save`
-values (what `bulk_create` sends), `DEFAULT` where a field's value is its database
-default, and `RETURNING` the primary key and the database defaults, converted as a
-queryset would convert them. Used only where the COMMIT can ride along (PostgreSQL,
-whose multi-row `INSERT ... RETURNING` returns rows in the order given).
+`bulk_create` builds model instances and compiles a query for every call, which costs a
+one-row transaction more than the INSERT itself does in the database. The statement's
+text for a table is always the same apart from which columns take their database
+default, so it is put together from a cached plan and the held rows' snapshots (field
+values by attname, the payload as the JSON text validation checked): the columns, their
+`get_db_prep_save` values (what `bulk_create` sends), the payload's JSON text as it is,
+`DEFAULT` where a value is its database default, and `RETURNING` the primary key,
+converted as a queryset would convert it. The database defaults are not returned:
+parsing three timestamps cost more than the rest of the statement's Python, and a row's
+`date_added` or `scheduled_for` is read back on first access instead
+(`internals.mark_written`). Used only where the COMMIT can ride along (PostgreSQL with
+client-side binding, whose multi-row `INSERT ... RETURNING` returns rows in the order
+given).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
-from django.db.models import NOT_PROVIDED, Field
+from django.db.models import DateField, DateTimeField, Field, JSONField
 from django.db.models.expressions import DatabaseDefault
 
 from outbox.columns import Convert, column_converter
@@ -25,15 +31,18 @@ from outbox.columns import Convert, column_converter
 if TYPE_CHECKING:
     from outbox.models import OutboxBase
 
+Snapshot = dict[str, Any]  # a held row's field values by attname; the payload as JSON text
+
 
 @dataclass(frozen=True)
 class _Plan:
-    fields: tuple[Field[Any, Any], ...]
+    # (attname, how its value becomes a parameter), per column
+    columns: tuple[tuple[str, Callable[[Any], Any]], ...]
     head: str  # INSERT INTO "table" ("a", "b", ...) VALUES
-    tail: str  # RETURNING "id", the columns with a database default
-    returned: tuple[tuple[str, Convert], ...]  # (attname, converter) per returned column
-    # Left to bulk_create: a field renders its own placeholder, or the key is not one
-    # the database assigns.
+    tail: str  # RETURNING "id"
+    key: tuple[str, Convert]  # the primary key's attname and converter
+    # Left to bulk_create: a field computes or renders its own value at save time
+    # (pre_save, get_placeholder), or the key is not one the database assigns.
     compiled_elsewhere: bool
 
 
@@ -43,46 +52,68 @@ def _plan(model: type[OutboxBase], using: str) -> _Plan:
     quote = connection.ops.quote_name
     meta = model._meta
     fields = tuple(f for f in meta.concrete_fields if not f.primary_key)
-    returned = (meta.pk, *(f for f in fields if f.db_default is not NOT_PROVIDED))
     columns = ", ".join(quote(str(f.column)) for f in fields)
     return _Plan(
-        fields=fields,
+        columns=tuple((f.attname, _parameter(f, connection)) for f in fields),
         head=f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ",
-        tail=" RETURNING " + ", ".join(quote(str(f.column)) for f in returned),
-        returned=tuple((f.attname, column_converter(model, f.name, connection)) for f in returned),
-        compiled_elsewhere=any(hasattr(f, "get_placeholder") for f in fields)
+        tail=f" RETURNING {quote(str(meta.pk.column))}",
+        key=(meta.pk.attname, column_converter(model, meta.pk.name, connection)),
+        compiled_elsewhere=any(not _plain(f) for f in fields)
         or not getattr(meta.pk, "db_returning", False),
     )
 
 
-def insert(model: type[OutboxBase], rows: list[OutboxBase], using: str) -> bool:
-    """INSERT `rows` (new, without a primary key) in one statement and set on each its
-    primary key and database defaults, as `bulk_create` does on PostgreSQL (the caller
-    marks them saved, `internals.mark_written`). False, with nothing sent, when a value
-    is an expression (`Now()`, `F(...)`), a field has its own placeholder or the table's
-    key is not one the database assigns: those are `bulk_create`'s to compile."""
+def _parameter(field: Field[Any, Any], connection: Any) -> Callable[[Any], Any]:
+    if field.attname == "payload" and type(field) is JSONField:
+        return _json_text
+    return partial(_prep, field, connection)
+
+
+def _prep(field: Field[Any, Any], connection: Any, value: Any) -> Any:
+    return field.get_db_prep_save(value, connection)
+
+
+def _json_text(text: str) -> str | None:
+    # The text as validation encoded it; a payload of None is SQL NULL, as Django
+    # stores it.
+    return None if text == "null" else text
+
+
+def _plain(field: Field[Any, Any]) -> bool:
+    """Whether saving the field sends its value as it is (no pre_save of its own, no
+    placeholder of its own)."""
+    if hasattr(field, "get_placeholder"):
+        return False
+    pre_save = type(field).pre_save
+    if pre_save in (DateField.pre_save, DateTimeField.pre_save):
+        return not (field.auto_now or field.auto_now_add)  # type: ignore[attr-defined]
+    return pre_save is Field.pre_save
+
+
+def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> list[Snapshot] | None:
+    """INSERT the held rows of `snapshots` (new rows of `model`) in one statement; return,
+    per row, its primary key by attname, converted as a queryset converts it. None, with
+    nothing sent, when a value is an expression (`Now()`, `F(...)`) or a field computes
+    or renders its own value: those are `bulk_create`'s."""
     plan = _plan(model, using)
     if plan.compiled_elsewhere:
-        return False
-    connection = connections[using]
+        return None
     values: list[str] = []
     params: list[Any] = []
-    for row in rows:
+    for snapshot in snapshots:
         marks = []
-        for field in plan.fields:
-            value = field.pre_save(row, True)
+        for attname, parameter in plan.columns:
+            value = snapshot[attname]
             if isinstance(value, DatabaseDefault):
                 marks.append("DEFAULT")
             elif hasattr(value, "resolve_expression"):
-                return False
+                return None
             else:
                 marks.append("%s")
-                params.append(field.get_db_prep_save(value, connection))
+                params.append(parameter(value))
         values.append(f"({', '.join(marks)})")
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(plan.head + ", ".join(values) + plan.tail, params)
-        returned = cursor.fetchall()
-    for row, columns in zip(rows, returned, strict=True):
-        for (attname, convert), value in zip(plan.returned, columns, strict=True):
-            setattr(row, attname, convert(value))
-    return True
+        rows = cursor.fetchall()
+    attname, convert = plan.key
+    return [{attname: convert(key)} for (key,) in rows]
