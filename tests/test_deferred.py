@@ -255,3 +255,27 @@ def test_payloads_are_stored_as_an_immediate_insert_stores_them():
     assert [stored[row.pk].payload for row in direct] == [odd, None]
     # None is SQL NULL either way (not JSON null), as Django stores it.
     assert RegionOutbox.objects.filter(payload__isnull=True).count() == 2
+
+
+def test_every_kind_of_value_is_stored_as_an_immediate_insert_stores_it():
+    """Enum members, negative and big integers, quoted and empty text, explicit times
+    and None all round-trip as they do through Model.save."""
+    due = timezone.now() + timezone.timedelta(hours=1)
+    values = {
+        "shard_identifier": -(2**63),
+        "object_identifier": 2**63 - 1,
+        "scheduled_for": due,
+        "attempts": 2,
+        "first_attempt_at": None,
+        "last_error": "it's a \\ 'quoted' error",
+        "last_traceback": "",
+    }
+    with outbox_context(transaction.atomic(), flush=False):
+        held = RegionOutboxFactory(**values)
+    with outbox_context(transaction.atomic(), flush=False, defer=False):
+        direct = RegionOutboxFactory(**values)
+    columns = ["shard_scope", "category", *values]
+    rows = RegionOutbox.objects.in_bulk([held.pk, direct.pk])
+    stored = [[getattr(rows[pk], name) for name in columns] for pk in (held.pk, direct.pk)]
+    assert stored[0] == stored[1]
+    assert stored[0][2:] == list(values.values())

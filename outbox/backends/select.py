@@ -39,10 +39,21 @@ def commit_with_last_insert(using: str) -> ExecuteWrapper | None:
     """The write path's hook: the execute wrapper that sends the deferred writer's COMMIT
     with its last INSERT, from the first backend that supports the database and offers
     it (PostgreSQL with psycopg 3). It is a write-side capability, so OUTBOX_FAST_PATH,
-    which chooses how to drain, does not turn it off."""
+    which chooses how to drain, does not turn it off. Asked once per database: it
+    depends only on the database's settings and driver."""
+    try:
+        return _commit_wrappers[using]
+    except KeyError:
+        pass
     connection = connections[using]
+    wrapper = None
     candidates: tuple[type[OutboxBackend], ...] = (*FAST_PATHS, PortableBackend)
     for backend in candidates:
         if backend.supports(connection):
-            return backend.commit_with_last_insert(connection)
-    return None
+            wrapper = backend.commit_with_last_insert(connection)
+            break
+    _commit_wrappers[using] = wrapper
+    return wrapper
+
+
+_commit_wrappers: dict[str, ExecuteWrapper | None] = {}

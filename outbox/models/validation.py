@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
+
+from django.core.serializers.json import DjangoJSONEncoder
 
 from outbox.categories import registry
 from outbox.conf import outbox_settings
@@ -84,10 +87,7 @@ def _check_payload(row: OutboxBase) -> str:
     """Check the payload's JSON text and return it (the deferred writer keeps it, so a
     held row is written as it was when saved)."""
     try:
-        # The field's own encoder, as Django would use it. allow_nan=False: NaN and
-        # infinity are not JSON, and PostgreSQL would reject them mid-transaction,
-        # leaving the caller's transaction broken.
-        encoded = json.dumps(row.payload, cls=_payload_encoder(type(row)), allow_nan=False)
+        encoded = _payload_encoder(type(row))(row.payload)
     except RecursionError:
         raise InvalidOutboxMessage(
             f"payload of category {row.category} is nested more than "
@@ -98,10 +98,10 @@ def _check_payload(row: OutboxBase) -> str:
             f"payload of category {row.category} is not JSON-serialisable: {exc}"
         ) from exc
     limit = outbox_settings.MAX_PAYLOAD_BYTES
-    size = len(encoded.encode())
-    if limit and size > limit:
+    # A character is at most 4 bytes of UTF-8: short texts need no encoding to be sure.
+    if limit and len(encoded) * 4 > limit and len(encoded.encode()) > limit:
         raise InvalidOutboxMessage(
-            f"payload of category {row.category} is {size} bytes, over "
+            f"payload of category {row.category} is {len(encoded.encode())} bytes, over "
             f"OUTBOX_MAX_PAYLOAD_BYTES={limit}."
         )
     problem = "\\u" in encoded and _SUSPECT_ESCAPE.search(encoded) and _bad_escape(encoded)
@@ -116,8 +116,16 @@ def _check_payload(row: OutboxBase) -> str:
 
 
 @cache
-def _payload_encoder(model: type[OutboxBase]) -> type[json.JSONEncoder] | None:
-    return getattr(model._meta.get_field("payload"), "encoder", None)
+def _payload_encoder(model: type[OutboxBase]) -> Callable[[Any], str]:
+    """How the payload becomes JSON text, as json.dumps would make it with the payload
+    field's own encoder class (as Django uses it). allow_nan=False: NaN and infinity are
+    not JSON, and PostgreSQL would reject them mid-transaction, leaving the caller's
+    transaction broken. The standard encoders keep no state between calls, so one
+    instance serves every call; an encoder of the project's own is made for each."""
+    encoder = getattr(model._meta.get_field("payload"), "encoder", None) or json.JSONEncoder
+    if encoder in (json.JSONEncoder, DjangoJSONEncoder):
+        return encoder(allow_nan=False).encode
+    return lambda payload: encoder(allow_nan=False).encode(payload)
 
 
 def _bad_escape(encoded: str) -> str | None:

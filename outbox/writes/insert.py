@@ -4,26 +4,39 @@
 one-row transaction more than the INSERT itself does in the database. The statement's
 text for a table is always the same apart from which columns take their database
 default, so it is put together from a cached plan and the held rows' snapshots (field
-values by attname, the payload as the JSON text validation checked): the columns, their
-`get_db_prep_save` values (what `bulk_create` sends), the payload's JSON text as it is,
-`DEFAULT` where a value is its database default, and `RETURNING` the primary key,
-converted as a queryset would convert it. The database defaults are not returned:
-parsing three timestamps cost more than the rest of the statement's Python, and a row's
-`date_added` or `scheduled_for` is read back on first access instead
-(`internals.mark_written`). Used only where the COMMIT can ride along (PostgreSQL with
-client-side binding, whose multi-row `INSERT ... RETURNING` returns rows in the order
-given).
+values by attname, the payload as the JSON text validation checked). Values go in as
+`bulk_create` would send them, more cheaply where Django's own fields allow: `NULL`
+for None, digits for an int in an integer field, `''` for an empty text, the payload's
+JSON text as it is, `DEFAULT` where a value is its database default, and every other
+value as a parameter made by its field's `get_db_prep_save`. The statement returns the
+primary key only, converted as a queryset would convert it: parsing three returned
+timestamps cost more than the rest of the statement's Python, so a row's `date_added`
+or `scheduled_for` is read back on first access instead (`internals.mark_written`).
+Used only where the COMMIT can ride along (PostgreSQL with client-side binding, whose
+multi-row `INSERT ... RETURNING` returns rows in the order given).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
-from django.db.models import DateField, DateTimeField, Field, JSONField
+from django.db.models import (
+    BigIntegerField,
+    CharField,
+    DateField,
+    DateTimeField,
+    Field,
+    IntegerField,
+    JSONField,
+    PositiveBigIntegerField,
+    PositiveIntegerField,
+    PositiveSmallIntegerField,
+    SmallIntegerField,
+    TextField,
+)
 from django.db.models.expressions import DatabaseDefault
 
 from outbox.columns import Convert, column_converter
@@ -34,10 +47,22 @@ if TYPE_CHECKING:
 Snapshot = dict[str, Any]  # a held row's field values by attname; the payload as JSON text
 
 
+# How a column's value goes into the statement (see `_kind`).
+_AS_PARAMETER, _INTEGER, _TEXT, _JSON_TEXT = range(4)
+_INTEGER_FIELDS = (
+    IntegerField,
+    BigIntegerField,
+    SmallIntegerField,
+    PositiveIntegerField,
+    PositiveBigIntegerField,
+    PositiveSmallIntegerField,
+)
+
+
 @dataclass(frozen=True)
 class _Plan:
-    # (attname, how its value becomes a parameter), per column
-    columns: tuple[tuple[str, Callable[[Any], Any]], ...]
+    # (attname, field, how its value goes in, whether None is written NULL), per column
+    columns: tuple[tuple[str, Field[Any, Any], int, bool], ...]
     head: str  # INSERT INTO "table" ("a", "b", ...) VALUES
     tail: str  # RETURNING "id"
     key: tuple[str, Convert]  # the primary key's attname and converter
@@ -54,7 +79,10 @@ def _plan(model: type[OutboxBase], using: str) -> _Plan:
     fields = tuple(f for f in meta.concrete_fields if not f.primary_key)
     columns = ", ".join(quote(str(f.column)) for f in fields)
     return _Plan(
-        columns=tuple((f.attname, _parameter(f, connection)) for f in fields),
+        columns=tuple(
+            (f.attname, f, _kind(f), type(f).__module__.startswith("django.db.models.fields"))
+            for f in fields
+        ),
         head=f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ",
         tail=f" RETURNING {quote(str(meta.pk.column))}",
         key=(meta.pk.attname, column_converter(model, meta.pk.name, connection)),
@@ -63,20 +91,17 @@ def _plan(model: type[OutboxBase], using: str) -> _Plan:
     )
 
 
-def _parameter(field: Field[Any, Any], connection: Any) -> Callable[[Any], Any]:
+def _kind(field: Field[Any, Any]) -> int:
+    """Django's own integer and text fields take an int or an empty string as they are,
+    written into the statement; the payload goes as the JSON text validation made of
+    it; every other value is a parameter, as `get_db_prep_save` makes it."""
+    if type(field) in _INTEGER_FIELDS:
+        return _INTEGER
+    if type(field) in (TextField, CharField):
+        return _TEXT
     if field.attname == "payload" and type(field) is JSONField:
-        return _json_text
-    return partial(_prep, field, connection)
-
-
-def _prep(field: Field[Any, Any], connection: Any, value: Any) -> Any:
-    return field.get_db_prep_save(value, connection)
-
-
-def _json_text(text: str) -> str | None:
-    # The text as validation encoded it; a payload of None is SQL NULL, as Django
-    # stores it.
-    return None if text == "null" else text
+        return _JSON_TEXT
+    return _AS_PARAMETER
 
 
 def _plain(field: Field[Any, Any]) -> bool:
@@ -98,21 +123,33 @@ def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> li
     plan = _plan(model, using)
     if plan.compiled_elsewhere:
         return None
+    connection = connections[using]
     values: list[str] = []
     params: list[Any] = []
     for snapshot in snapshots:
         marks = []
-        for attname, parameter in plan.columns:
+        for attname, field, kind, none_is_null in plan.columns:
             value = snapshot[attname]
-            if isinstance(value, DatabaseDefault):
+            if value is None and none_is_null:
+                marks.append("NULL")
+            elif isinstance(value, DatabaseDefault):
                 marks.append("DEFAULT")
+            elif kind == _INTEGER and isinstance(value, int) and not isinstance(value, bool):
+                marks.append(str(int(value)))  # an int renders only digits and a sign
+            elif kind == _TEXT and value == "":
+                marks.append("''")
+            elif kind == _JSON_TEXT and value == "null":
+                marks.append("NULL")  # a payload of None: SQL NULL, as Django stores it
+            elif kind == _JSON_TEXT:
+                marks.append("%s")
+                params.append(value)  # the JSON text validation made
             elif hasattr(value, "resolve_expression"):
                 return None
             else:
                 marks.append("%s")
-                params.append(parameter(value))
+                params.append(field.get_db_prep_save(value, connection))
         values.append(f"({', '.join(marks)})")
-    with connections[using].cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(plan.head + ", ".join(values) + plan.tail, params)
         rows = cursor.fetchall()
     attname, convert = plan.key
