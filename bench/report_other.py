@@ -74,4 +74,10 @@ def write_overhead_lines(write: dict[str, Any]) -> list[str]:
             f"alone | {write['deferred_sql_floor_ratio']:.2f}x "
             f"({per_op['save_sql_commit']:.0f} µs) |",
         ]
+    if "deferred_sql_floor_row_ratio" in write:
+        lines.append(
+            f"| that floor plus building the row's model instance (the API's input) ÷ save "
+            f"alone | {write['deferred_sql_floor_row_ratio']:.2f}x "
+            f"({per_op['save_sql_commit_row']:.0f} µs) |"
+        )
     return lines

@@ -17,6 +17,7 @@ the engine, which records which receivers succeeded for a failing message).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from django.db.models import NOT_PROVIDED
@@ -61,14 +62,20 @@ def mark_written(row: OutboxBase, written: Mapping[str, Any], using: str) -> Non
     row._state.adding = False
     row._state.db = using
     values = row.__dict__
-    for field in row._meta.concrete_fields:
-        if field.db_default is NOT_PROVIDED or field.attname not in values:
+    for attname in _database_defaults(type(row)):
+        if attname not in values:
             continue
-        returned = written.get(field.attname)
+        returned = written.get(attname)
         if returned is not None and not isinstance(returned, DatabaseDefault):
-            values[field.attname] = returned
-        elif hasattr(values[field.attname], "resolve_expression"):
-            del values[field.attname]  # the database chose it: deferred, read on access
+            values[attname] = returned
+        elif hasattr(values[attname], "resolve_expression"):
+            del values[attname]  # the database chose it: deferred, read on access
+
+
+@cache
+def _database_defaults(model: type[OutboxBase]) -> tuple[str, ...]:
+    """The attnames of the fields with a database default."""
+    return tuple(f.attname for f in model._meta.concrete_fields if f.db_default is not NOT_PROVIDED)
 
 
 def live_receivers(

@@ -22,7 +22,7 @@ from django.db.transaction import Atomic
 
 from outbox.conf import outbox_settings
 from outbox.exceptions import OutboxContextRequired, OutboxError
-from outbox.writes.deferred import HeldRows, owned_database
+from outbox.writes.deferred import HeldRows, held_rows_for
 from outbox.writes.pending import PendingFlush, PendingPromptDrain
 
 if TYPE_CHECKING:
@@ -66,10 +66,9 @@ def outbox_context(
     frame = _new_frame(_current.get(), transaction, flush)
     if defer is None:
         defer = outbox_settings.DEFER_WRITES
-    owned = owned_database(transaction, defer)
-    held = None
-    if owned is not None:
-        held = frame.held[owned] = HeldRows(owned)
+    held = held_rows_for(transaction, defer)
+    if held is not None:
+        frame.held[held.using] = held
     token = _current.set(frame)
     try:
         if transaction is None:

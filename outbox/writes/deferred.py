@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
@@ -58,13 +59,10 @@ class HeldRows:
     """The rows held for one database, each with the context frame that saved it."""
 
     using: str
-    entries: dict[int, _Entry] = field(default_factory=dict)  # by id(row), in save order
     # The connection of the transaction the context opened (this thread's): looked up
     # once, not at every save.
-    connection: BaseDatabaseWrapper = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.connection = connections[self.using]
+    connection: BaseDatabaseWrapper
+    entries: dict[int, _Entry] = field(default_factory=dict)  # by id(row), in save order
 
     def can_hold(self) -> bool:
         # A broken transaction must keep raising at save(), as an INSERT would.
@@ -145,9 +143,9 @@ class HeldRows:
         # by hand (`insert`), since the COMMIT rides along on PostgreSQL only.
         head, tail = snapshots[:-LAST_STATEMENT_ROWS], snapshots[-LAST_STATEMENT_ROWS:]
         written = self._bulk_create(model, head) if head else []
-        with self.connection.execute_wrapper(commit_wrapper):
-            returned = insert(model, tail, self.using)
-            if returned is None:
+        returned = insert(model, tail, self.using, through=commit_wrapper)
+        if returned is None:
+            with self.connection.execute_wrapper(commit_wrapper):
                 returned = self._bulk_create(model, tail, batch_size=len(tail))
         return written + returned
 
@@ -166,11 +164,18 @@ class HeldRows:
 def _snapshot(row: OutboxBase, payload_json: str) -> Snapshot:
     """The row's field values now; the payload as its checked JSON text, so later
     changes to the row's payload (even in place) do not reach the table."""
-    values = {
-        f.attname: getattr(row, f.attname) for f in row._meta.concrete_fields if not f.primary_key
+    values = row.__dict__
+    snapshot = {
+        name: values[name] if name in values else getattr(row, name)
+        for name in _written_attnames(type(row))
     }
-    values["payload"] = payload_json
-    return values
+    snapshot["payload"] = payload_json
+    return snapshot
+
+
+@cache
+def _written_attnames(model: type[OutboxBase]) -> tuple[str, ...]:
+    return tuple(f.attname for f in model._meta.concrete_fields if not f.primary_key)
 
 
 def _instance(model: type[OutboxBase], snapshot: Snapshot) -> OutboxBase:
@@ -178,9 +183,9 @@ def _instance(model: type[OutboxBase], snapshot: Snapshot) -> OutboxBase:
     return model(**{**snapshot, "payload": json.loads(snapshot["payload"])})
 
 
-def owned_database(atomic: Atomic | None, defer: bool) -> str | None:
-    """The database whose outermost transaction `atomic` is about to open, if rows on it
-    are to be held until its commit."""
+def held_rows_for(atomic: Atomic | None, defer: bool) -> HeldRows | None:
+    """Where to hold the rows of the database whose outermost transaction `atomic` is
+    about to open, if rows on it are to be held until its commit; else None."""
     if not defer or atomic is None or not isinstance(atomic, Atomic):
         return None
     using = atomic.using or DEFAULT_DB_ALIAS
@@ -189,4 +194,4 @@ def owned_database(atomic: Atomic | None, defer: bool) -> str | None:
         return None
     if not connection.features.can_return_rows_from_bulk_insert:
         return None  # held rows could not get their primary keys: write them at once
-    return using
+    return HeldRows(using, connection)

@@ -18,6 +18,7 @@ multi-row `INSERT ... RETURNING` returns rows in the order given).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -115,11 +116,18 @@ def _plain(field: Field[Any, Any]) -> bool:
     return pre_save is Field.pre_save
 
 
-def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> list[Snapshot] | None:
+def insert(
+    model: type[OutboxBase],
+    snapshots: list[Snapshot],
+    using: str,
+    through: Callable[..., Any] | None = None,
+) -> list[Snapshot] | None:
     """INSERT the held rows of `snapshots` (new rows of `model`) in one statement; return,
     per row, its primary key by attname, converted as a queryset converts it. None, with
     nothing sent, when a value is an expression (`Now()`, `F(...)`) or a field computes
-    or renders its own value: those are `bulk_create`'s."""
+    or renders its own value: those are `bulk_create`'s. `through`: an execute wrapper
+    (as `connection.execute_wrapper` takes) to send the statement through, called
+    directly (the one that adds the COMMIT)."""
     plan = _plan(model, using)
     if plan.compiled_elsewhere:
         return None
@@ -149,8 +157,13 @@ def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> li
                 marks.append("%s")
                 params.append(field.get_db_prep_save(value, connection))
         values.append(f"({', '.join(marks)})")
+    sql = plan.head + ", ".join(values) + plan.tail
     with connection.cursor() as cursor:
-        cursor.execute(plan.head + ", ".join(values) + plan.tail, params)
+        if through is None:
+            cursor.execute(sql, params)
+        else:
+            context = {"connection": connection, "cursor": cursor}
+            through(lambda *args: cursor.execute(*args[:2]), sql, params, False, context)
         rows = cursor.fetchall()
     attname, convert = plan.key
     return [{attname: convert(key)} for (key,) in rows]
