@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             data["sync_flush"] = sync_flush.measure(sizes.sync_iterations)
             log(
                 started,
-                "sync flush: p50 {p50_ms:.2f} ms, p99 {p99_ms:.2f} ms".format(**data["sync_flush"]),
+                "sync flush: p50 {p50_ms:.2f} ms, p99 {p99_ms:.2f} ms; "
+                "{p50_over_floor:.2f}x its floor".format(**data["sync_flush"]),
             )
         if "write" in sections:
             data["write_overhead"] = write_overhead.measure(

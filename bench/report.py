@@ -134,6 +134,7 @@ def summarize(data: dict[str, Any]) -> None:
     data["scale_1m_over_10k_ratio"] = data.get("scale", {}).get("ratio")
     data["sync_flush_p50_ms"] = data.get("sync_flush", {}).get("p50_ms")
     data["sync_flush_p99_ms"] = data.get("sync_flush", {}).get("p99_ms")
+    data["sync_flush_p50_over_floor"] = data.get("sync_flush", {}).get("p50_over_floor")
     coalescing = shapes.get("heavy_coalescing")
     if coalescing and "drain_1p" in coalescing["contenders"]:
         drain = coalescing["contenders"]["drain_1p"]

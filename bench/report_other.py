@@ -27,6 +27,13 @@ def other_lines(data: dict[str, Any]) -> list[str]:
             f"| synchronous flush, commit → receiver ({sync['iterations']:,} flushes) | "
             f"p50 **{sync['p50_ms']:.2f} ms**, p99 **{sync['p99_ms']:.2f} ms** |"
         )
+        if "floor" in sync:
+            floor = sync["floor"]
+            lines.append(
+                f"| its floor, psycopg: COMMIT, then lease + read in one statement | "
+                f"p50 {floor['p50_ms']:.2f} ms, p99 {floor['p99_ms']:.2f} ms; ours ÷ floor "
+                f"p50 **{sync['p50_over_floor']:.2f}x**, p99 {sync['p99_over_floor']:.2f}x |"
+            )
     if "coalescing" in data:
         co = data["coalescing"]
         lines.append(

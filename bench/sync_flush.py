@@ -6,12 +6,22 @@ statement of the block; leaving the block commits, and the engine's on_commit fl
 calls the receiver, which notes `time.perf_counter()` too (`bench.receivers`). The
 difference is commit + flush: find the shard, lease it, read, call. Shards rotate over
 100 identifiers; every flush must have delivered its row before the next iteration.
+
+Its floor, measured in the same run and in alternating blocks: psycopg alone on its own
+connection, the same row INSERTed and COMMITted, then the leased floor's claim + read
+(`bench/contenders/raw_leased.py`: one statement that takes the lease row and reads the
+row, a durable commit of its own) and the call, then its finish statement (untimed).
+That is the writer's commit plus one durable commit before the receiver starts, what the
+engine's flush spends at the least with its lease contract.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 
@@ -20,20 +30,57 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
 
 
-def measure(iterations: int, warmup: int = 10) -> dict[str, Any]:
+def measure(iterations: int, warmup: int = 10, block: int = 50) -> dict[str, Any]:
+    from bench.db import outbox_rows, reset
+
+    reset()
+    ours: list[float] = []
+    floor: list[float] = []
+    ours_at, floor_at = _ours(), _floor()
+    for _ in range(warmup):
+        ours_at(0)
+        floor_at(0)
+    done = 0
+    while done < iterations:
+        count = min(block, iterations - done)
+        ours += [ours_at(done + n) for n in range(count)]
+        floor += [floor_at(done + n) for n in range(count)]
+        done += count
+    left = outbox_rows()
+    if left:
+        raise RuntimeError(f"sync flush left {left} rows behind")
+    result = _summary(ours)
+    result["floor"] = _summary(floor)
+    result["p50_over_floor"] = result["p50_ms"] / result["floor"]["p50_ms"]
+    result["p99_over_floor"] = result["p99_ms"] / result["floor"]["p99_ms"]
+    return result
+
+
+def _summary(seconds: list[float]) -> dict[str, Any]:
+    ms = [value * 1000 for value in seconds]
+    return {
+        "iterations": len(ms),
+        "p50_ms": statistics.median(ms),
+        "p90_ms": _percentile(ms, 0.90),
+        "p99_ms": _percentile(ms, 0.99),
+        "max_ms": max(ms),
+        "mean_ms": statistics.fmean(ms),
+    }
+
+
+def _ours() -> Callable[[int], float]:
     from django.db import transaction
 
     from bench import receivers
-    from bench.db import outbox_rows, reset
     from bench.outboxes import BenchCategory, BenchScope
     from outbox import outbox_context
     from outbox.models import RegionOutbox
 
-    reset()
     calls = receivers.sync_flush_calls
     calls.clear()
-    latencies: list[float] = []
-    for i in range(warmup + iterations):
+
+    def flush_once(i: int) -> float:
+        called = len(calls)
         with outbox_context(transaction.atomic()):
             RegionOutbox(
                 shard_scope=BenchScope.SYNC,
@@ -43,19 +90,43 @@ def measure(iterations: int, warmup: int = 10) -> dict[str, Any]:
                 payload={"iteration": i},
             ).save()
             before = time.perf_counter()
-        if len(calls) != i + 1:
-            raise RuntimeError(f"sync flush {i}: receiver called {len(calls)} times, not {i + 1}")
-        if i >= warmup:
-            latencies.append(calls[-1] - before)
-    left = outbox_rows()
-    if left:
-        raise RuntimeError(f"sync flush left {left} rows behind")
-    ms = [value * 1000 for value in latencies]
-    return {
-        "iterations": iterations,
-        "p50_ms": statistics.median(ms),
-        "p90_ms": _percentile(ms, 0.90),
-        "p99_ms": _percentile(ms, 0.99),
-        "max_ms": max(ms),
-        "mean_ms": statistics.fmean(ms),
-    }
+        if len(calls) != called + 1:
+            raise RuntimeError(f"sync flush {i}: the receiver was not called once")
+        return calls[-1] - before
+
+    return flush_once
+
+
+def _floor() -> Callable[[int], float]:
+    import psycopg
+
+    from bench.contenders.raw_leased import HOLDER, statements
+    from bench.db import conninfo
+    from bench.outboxes import BenchCategory, BenchScope
+    from outbox.models import RegionOutbox
+
+    claim, finish = statements()
+    label = RegionOutbox._meta.label_lower
+    insert = (
+        f'INSERT INTO "{RegionOutbox._meta.db_table}" (shard_scope, shard_identifier, '
+        "category, object_identifier, payload, attempts, last_error) "
+        "VALUES (%s, %s, %s, %s, %s, 0, '')"
+    )
+    conn = psycopg.connect(**conninfo(), autocommit=True)
+
+    def flush_once(i: int) -> float:
+        conn.execute("BEGIN")
+        scope, category = int(BenchScope.SYNC), int(BenchCategory.SYNC_FLUSH)
+        conn.execute(insert, (scope, i % 100 + 1, category, i, json.dumps({"iteration": i})))
+        before = time.perf_counter()
+        conn.execute("COMMIT")
+        token = uuid.uuid4().hex
+        params = {"limit": 100, "label": label, "token": token, "holder": HOLDER}
+        rows = conn.execute(claim, params).fetchall()
+        started = time.perf_counter()  # where the receiver would start
+        if len(rows) != 1:
+            raise RuntimeError(f"sync flush floor {i}: claimed {len(rows)} rows, not 1")
+        conn.execute(finish, {"token": token, "ids": [row[0] for row in rows]})
+        return started - before
+
+    return flush_once
