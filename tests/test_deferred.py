@@ -218,19 +218,30 @@ def test_the_context_argument_turns_the_deferred_writer_on_and_off(settings):
     assert RegionOutbox.objects.count() == 2
 
 
-def test_a_written_row_holds_its_key_and_reads_its_database_defaults_as_stored():
+def test_a_written_row_holds_its_key_and_database_defaults_as_a_saved_row_does():
     with outbox_context(transaction.atomic(), flush=False):
         row = RegionOutboxFactory(payload={"v": 1}, delivered_to="kept as given")
     stored = RegionOutbox.objects.get(pk=row.pk)
     fields = ("date_added", "scheduled_for", "scheduled_from", "delivered_to", "last_traceback")
-    values = [getattr(row, name) for name in fields]  # chosen by the database: read back
+    with CaptureQueriesContext(connection) as queries:
+        values = [getattr(row, name) for name in fields]
     assert values == [getattr(stored, name) for name in fields]
     assert values[0].tzinfo is not None
     assert row.delivered_to == "kept as given"
+    if settings.TEST_DB.startswith("postgres"):
+        assert not queries.captured_queries  # returned by the INSERT itself
     assert not row._state.adding
     assert row._state.db == "default"
     row.save()  # an UPDATE now, not a second INSERT
     assert RegionOutbox.objects.count() == 1
+
+
+def test_a_flushed_row_still_holds_its_database_defaults(calls):
+    with outbox_context(transaction.atomic()):  # flushed, so deleted, right after commit
+        row = RegionOutboxFactory(payload={"v": 1})
+    assert calls.payloads() == [{"v": 1}]
+    assert not RegionOutbox.objects.exists()
+    assert row.date_added is not None and row.scheduled_for is not None
 
 
 def test_a_row_with_an_expression_for_a_value_is_written_as_bulk_create_writes_it():

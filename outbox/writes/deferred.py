@@ -65,8 +65,13 @@ class HeldRows:
     entries: dict[int, _Entry] = field(default_factory=dict)  # by id(row), in save order
 
     def can_hold(self) -> bool:
-        # A broken transaction must keep raising at save(), as an INSERT would.
-        return self.connection.in_atomic_block and not self.connection.get_rollback()
+        # Only on the connection of the context's own thread (a thread given a copy of
+        # the context, as sync_to_async does, saves on its own connection at once); and a
+        # broken transaction must keep raising at save(), as an INSERT would.
+        connection = self.connection
+        if connections[self.using] is not connection:
+            return False
+        return connection.in_atomic_block and not connection.get_rollback()
 
     def hold(
         self, rows: Sequence[OutboxBase], payloads: Sequence[str], frame: Any, *, saved: bool
@@ -143,9 +148,9 @@ class HeldRows:
         # by hand (`insert`), since the COMMIT rides along on PostgreSQL only.
         head, tail = snapshots[:-LAST_STATEMENT_ROWS], snapshots[-LAST_STATEMENT_ROWS:]
         written = self._bulk_create(model, head) if head else []
-        returned = insert(model, tail, self.using, through=commit_wrapper)
-        if returned is None:
-            with self.connection.execute_wrapper(commit_wrapper):
+        with self.connection.execute_wrapper(commit_wrapper):
+            returned = insert(model, tail, self.using)
+            if returned is None:
                 returned = self._bulk_create(model, tail, batch_size=len(tail))
         return written + returned
 

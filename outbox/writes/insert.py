@@ -9,22 +9,21 @@ values by attname, the payload as the JSON text validation checked). Values go i
 for None, digits for an int in an integer field, `''` for an empty text, the payload's
 JSON text as it is, `DEFAULT` where a value is its database default, and every other
 value as a parameter made by its field's `get_db_prep_save`. The statement returns the
-primary key only, converted as a queryset would convert it: parsing three returned
-timestamps cost more than the rest of the statement's Python, so a row's `date_added`
-or `scheduled_for` is read back on first access instead (`internals.mark_written`).
-Used only where the COMMIT can ride along (PostgreSQL with client-side binding, whose
-multi-row `INSERT ... RETURNING` returns rows in the order given).
+primary key and the database defaults, converted as a queryset would convert them (a
+flushed row is gone by the time anything could read them back). Used only where the
+COMMIT can ride along (PostgreSQL with client-side binding, whose multi-row
+`INSERT ... RETURNING` returns rows in the order given).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.db.models import (
+    NOT_PROVIDED,
     BigIntegerField,
     CharField,
     DateField,
@@ -65,8 +64,8 @@ class _Plan:
     # (attname, field, how its value goes in, whether None is written NULL), per column
     columns: tuple[tuple[str, Field[Any, Any], int, bool], ...]
     head: str  # INSERT INTO "table" ("a", "b", ...) VALUES
-    tail: str  # RETURNING "id"
-    key: tuple[str, Convert]  # the primary key's attname and converter
+    tail: str  # RETURNING "id", the columns with a database default
+    returned: tuple[tuple[str, Convert], ...]  # (attname, converter) per returned column
     # Left to bulk_create: a field computes or renders its own value at save time
     # (pre_save, get_placeholder), or the key is not one the database assigns.
     compiled_elsewhere: bool
@@ -78,6 +77,7 @@ def _plan(model: type[OutboxBase], using: str) -> _Plan:
     quote = connection.ops.quote_name
     meta = model._meta
     fields = tuple(f for f in meta.concrete_fields if not f.primary_key)
+    returned = (meta.pk, *(f for f in fields if f.db_default is not NOT_PROVIDED))
     columns = ", ".join(quote(str(f.column)) for f in fields)
     return _Plan(
         columns=tuple(
@@ -85,9 +85,12 @@ def _plan(model: type[OutboxBase], using: str) -> _Plan:
             for f in fields
         ),
         head=f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ",
-        tail=f" RETURNING {quote(str(meta.pk.column))}",
-        key=(meta.pk.attname, column_converter(model, meta.pk.name, connection)),
+        tail=" RETURNING " + ", ".join(quote(str(f.column)) for f in returned),
+        returned=tuple((f.attname, column_converter(model, f.name, connection)) for f in returned),
+        # A payload field of the project's own (a JSONField subclass) makes its own
+        # parameter from the decoded payload: bulk_create's.
         compiled_elsewhere=any(not _plain(f) for f in fields)
+        or type(meta.get_field("payload")) is not JSONField
         or not getattr(meta.pk, "db_returning", False),
     )
 
@@ -116,18 +119,11 @@ def _plain(field: Field[Any, Any]) -> bool:
     return pre_save is Field.pre_save
 
 
-def insert(
-    model: type[OutboxBase],
-    snapshots: list[Snapshot],
-    using: str,
-    through: Callable[..., Any] | None = None,
-) -> list[Snapshot] | None:
+def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> list[Snapshot] | None:
     """INSERT the held rows of `snapshots` (new rows of `model`) in one statement; return,
-    per row, its primary key by attname, converted as a queryset converts it. None, with
-    nothing sent, when a value is an expression (`Now()`, `F(...)`) or a field computes
-    or renders its own value: those are `bulk_create`'s. `through`: an execute wrapper
-    (as `connection.execute_wrapper` takes) to send the statement through, called
-    directly (the one that adds the COMMIT)."""
+    per row, its primary key and database defaults by attname, converted as a queryset
+    converts them. None, with nothing sent, when a value is an expression (`Now()`,
+    `F(...)`) or a field computes or renders its own value: those are `bulk_create`'s."""
     plan = _plan(model, using)
     if plan.compiled_elsewhere:
         return None
@@ -159,11 +155,12 @@ def insert(
         values.append(f"({', '.join(marks)})")
     sql = plan.head + ", ".join(values) + plan.tail
     with connection.cursor() as cursor:
-        if through is None:
-            cursor.execute(sql, params)
-        else:
-            context = {"connection": connection, "cursor": cursor}
-            through(lambda *args: cursor.execute(*args[:2]), sql, params, False, context)
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
-    attname, convert = plan.key
-    return [{attname: convert(key)} for (key,) in rows]
+    return [
+        {
+            attname: convert(value)
+            for (attname, convert), value in zip(plan.returned, row, strict=True)
+        }
+        for row in rows
+    ]
