@@ -227,6 +227,10 @@ def test_a_written_row_holds_its_key_and_database_defaults_as_a_saved_row_does()
         values = [getattr(row, name) for name in fields]
     assert values == [getattr(stored, name) for name in fields]
     assert values[0].tzinfo is not None
+    # The very values a query gives: the same instants with the same tzinfo.
+    assert [(v.isoformat(), v.tzinfo) for v in values[:3]] == [
+        (getattr(stored, name).isoformat(), getattr(stored, name).tzinfo) for name in fields[:3]
+    ]
     assert row.delivered_to == "kept as given"
     if settings.TEST_DB.startswith("postgres"):
         assert not queries.captured_queries  # returned by the INSERT itself

@@ -66,6 +66,7 @@ class _Plan:
     head: str  # INSERT INTO "table" ("a", "b", ...) VALUES
     tail: str  # RETURNING "id", the columns with a database default
     returned: tuple[tuple[str, Convert], ...]  # (attname, converter) per returned column
+    timestamps: frozenset[int]  # positions of the returned timestamptz columns
     # Left to bulk_create: a field computes or renders its own value at save time
     # (pre_save, get_placeholder), or the key is not one the database assigns.
     compiled_elsewhere: bool
@@ -87,6 +88,12 @@ def _plan(model: type[OutboxBase], using: str) -> _Plan:
         head=f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ",
         tail=" RETURNING " + ", ".join(quote(str(f.column)) for f in returned),
         returned=tuple((f.attname, column_converter(model, f.name, connection)) for f in returned),
+        timestamps=frozenset(
+            index
+            for index, f in enumerate(returned)
+            if connection.vendor == "postgresql"
+            and f.db_type(connection) == "timestamp with time zone"
+        ),
         # A payload field of the project's own (a JSONField subclass) makes its own
         # parameter from the decoded payload: bulk_create's.
         compiled_elsewhere=any(not _plain(f) for f in fields)
@@ -155,8 +162,21 @@ def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> li
         values.append(f"({', '.join(marks)})")
     sql = plan.head + ", ".join(values) + plan.tail
     with connection.cursor() as cursor:
+        if plan.timestamps:
+            _load_timestamps_in_c(cursor.cursor)
         cursor.execute(sql, params)
         rows = cursor.fetchall()
+    if plan.timestamps:
+        # As Django's own loader leaves them: the session's wall time (which is the
+        # connection's time zone) with the connection's tzinfo, or naive without USE_TZ.
+        timezone = connection.timezone
+        rows = [
+            tuple(
+                value.replace(tzinfo=timezone) if index in plan.timestamps else value
+                for index, value in enumerate(row)
+            )
+            for row in rows
+        ]
     return [
         {
             attname: convert(value)
@@ -164,3 +184,13 @@ def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> li
         }
         for row in rows
     ]
+
+
+def _load_timestamps_in_c(cursor: Any) -> None:
+    """Load timestamptz on this psycopg cursor with psycopg's own loader (its C version
+    where installed) instead of Django's, a Python subclass that costs a returned row
+    more than the rest of its statement's Python; `insert` then sets the tzinfo as
+    Django's loader does."""
+    from psycopg.types.datetime import TimestamptzLoader
+
+    cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
