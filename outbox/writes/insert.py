@@ -167,21 +167,24 @@ def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> li
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     if plan.timestamps:
-        # As Django's own loader leaves them: the session's wall time (which is the
-        # connection's time zone) with the connection's tzinfo, or naive without USE_TZ.
-        timezone = connection.timezone
-        rows = [
-            tuple(
-                value.replace(tzinfo=timezone) if index in plan.timestamps else value
-                for index, value in enumerate(row)
-            )
-            for row in rows
-        ]
+        rows = _with_tzinfo(rows, plan.timestamps, connection.timezone)
     return [
         {
             attname: convert(value)
             for (attname, convert), value in zip(plan.returned, row, strict=True)
         }
+        for row in rows
+    ]
+
+
+def _with_tzinfo(rows: list[Any], timestamps: frozenset[int], timezone: Any) -> list[Any]:
+    """As Django's own loader leaves timestamps: the session's wall time (which is the
+    connection's time zone) with the connection's tzinfo, or naive without USE_TZ."""
+    return [
+        tuple(
+            value.replace(tzinfo=timezone) if index in timestamps else value
+            for index, value in enumerate(row)
+        )
         for row in rows
     ]
 
