@@ -166,27 +166,22 @@ def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> li
             _load_timestamps_in_c(cursor.cursor)
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    if plan.timestamps:
-        rows = _with_tzinfo(rows, plan.timestamps, connection.timezone)
+    timezone = connection.timezone if plan.timestamps else None
     return [
         {
-            attname: convert(value)
-            for (attname, convert), value in zip(plan.returned, row, strict=True)
+            attname: convert(_as_django_loads(value, index in plan.timestamps, timezone))
+            for index, ((attname, convert), value) in enumerate(
+                zip(plan.returned, row, strict=True)
+            )
         }
         for row in rows
     ]
 
 
-def _with_tzinfo(rows: list[Any], timestamps: frozenset[int], timezone: Any) -> list[Any]:
-    """As Django's own loader leaves timestamps: the session's wall time (which is the
+def _as_django_loads(value: Any, timestamp: bool, timezone: Any) -> Any:
+    """A timestamp as Django's own loader leaves it: the session's wall time (which is the
     connection's time zone) with the connection's tzinfo, or naive without USE_TZ."""
-    return [
-        tuple(
-            value.replace(tzinfo=timezone) if index in timestamps else value
-            for index, value in enumerate(row)
-        )
-        for row in rows
-    ]
+    return value.replace(tzinfo=timezone) if timestamp and value is not None else value
 
 
 def _load_timestamps_in_c(cursor: Any) -> None:
