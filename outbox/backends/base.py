@@ -224,6 +224,16 @@ class OutboxBackend(ABC):
         won, in key order, and returns them; no shard won is not an error.
         """
 
+    def claim_and_read(
+        self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey], limit: int
+    ) -> Window | None:
+        """Optional: `claim` of the given `shards` (as `ShardFilter(shards=...)`, no
+        limit but their count) and `read_window` of the shards won, in one step, which
+        spares a synchronous flush a round trip before its first receiver. Sets
+        `lease.shards` and returns the window; the read must see every change committed
+        before the claim won. None: not possible here, so the engine claims, then reads."""
+        return None
+
     @abstractmethod
     def read_window(
         self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int

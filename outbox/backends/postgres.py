@@ -125,18 +125,58 @@ class PostgresBackend(OutboxBackend):
     def read_window(
         self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int
     ) -> Window:
-        # Each shard gets its share of the window, read through the shard index, so the
-        # cost follows the rows read and not the size of the shards: at least 100 rows
-        # for a batch of up to 100 shards, fewer (never under 2, so a one-row shard is
-        # read to its end) for a wide batch of small shards, about 10k rows at most.
-        count = max(len(shards), 1)
-        per_shard = max(limit // count, min(100, max(10_000 // count, 2)))
+        per_shard = _share(len(shards), limit)
         # The newest rows' date_added only when a lifecycle receiver measures the lag:
         # parsing a timestamp per message costs the drain about a tenth of its time.
         sql = statements(model)
         timed = message_processed.has_listeners(model)
         statement = sql.read_window_timed if timed else sql.read_window
         rows = self._fetch(statement, [*key_arrays(shards), per_shard])
+        return self._window(model, rows, shards, per_shard)
+
+    def claim_and_read(
+        self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey], limit: int
+    ) -> Window | None:
+        """Claim the given shards and read the won ones in one statement (a synchronous
+        flush's first round trip). Its read locks the rows it returns so it sees the
+        latest committed state of each (see `postgres_sql`), which holds only under READ
+        COMMITTED: under any other isolation level this returns None."""
+        connection = connections[self.using]
+        connection.ensure_connection()
+        if not _read_committed(connection):
+            return None
+        if not shards:
+            lease.shards = []
+            return Window({}, set())
+        per_shard = _share(len(shards), limit)
+        sql = statements(model)
+        timed = message_processed.has_listeners(model)
+        regions, scopes_in, identifiers_in = key_arrays(shards)
+        params = {
+            "label": model._meta.label_lower,
+            "scopes": None,
+            "identifiers": None,
+            "token": lease.token,
+            "holder": lease.holder,
+            "seconds": lease.seconds,
+            "regions": regions,
+            "scopes_in": scopes_in,
+            "identifiers_in": identifiers_in,
+            "per_shard": per_shard,
+        }
+        rows = self._fetch(sql.claim_keys_read_timed if timed else sql.claim_keys_read, params)
+        won = {ShardKey(*row[:3]) for row in rows}
+        lease.shards = sorted(won)
+        read = [row[3:] for row in rows if row[3 + len(model.shard_fields)] is not None]
+        return self._window(model, read, lease.shards, per_shard)
+
+    def _window(
+        self,
+        model: type[OutboxBase],
+        rows: Sequence[Sequence[Any]],
+        shards: Sequence[ShardKey],
+        per_shard: int,
+    ) -> Window:
         groups, newest, read, cut = coalesce(model, rows, shards)
         decode = self._decoder(model)
         message_at = len(model.shard_fields) + 5
@@ -196,6 +236,22 @@ class PostgresBackend(OutboxBackend):
         }
         with connections[self.using].cursor() as cursor:
             cursor.execute(statements(model).release, params)
+
+
+def _share(shards: int, limit: int) -> int:
+    """The rows read per shard: each shard gets its share of the window, read through
+    the shard index, so the cost follows the rows read and not the size of the shards.
+    At least 100 rows for a batch of up to 100 shards, fewer (never under 2, so a
+    one-row shard is read to its end) for a wide batch of small shards, about 10k rows
+    at most."""
+    count = max(shards, 1)
+    return max(limit // count, min(100, max(10_000 // count, 2)))
+
+
+def _read_committed(connection: BaseDatabaseWrapper) -> bool:
+    from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+    return bool(getattr(connection, "isolation_level", None) == IsolationLevel.READ_COMMITTED)
 
 
 def _append_commit(

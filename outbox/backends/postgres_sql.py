@@ -19,6 +19,8 @@ class Statements:
     claim_walk_after: str  # the same, starting after a key (fairness across calls)
     claim_walk_until: str  # the same, from the start up to a key (the wrap-around)
     claim_keys: str  # of the given keys, claim the due, free ones
+    claim_keys_read: str  # the same, and read the won shards' first rows (locked)
+    claim_keys_read_timed: str  # the same, with the newest rows' date_added
     read_window: str  # the first rows of each claimed shard, payload only for the newest
     read_window_timed: str  # the same, with the newest rows' date_added (for the lag)
     settle: str  # delete delivered rows, reschedule failed ones, back off, release
@@ -111,8 +113,12 @@ class _Renderer(SettleSql):
             )"""
 
     def claim(self) -> str:
+        return f"{self.claim_steps()} SELECT * FROM retaken UNION ALL SELECT * FROM fresh"
+
+    def claim_steps(self) -> str:
         """Take the due shards: retake expired leases (skipping rows another claimer has
-        locked) and insert the missing ones; a conflicting insert means someone else won."""
+        locked) and insert the missing ones; a conflicting insert means someone else won.
+        `retaken` and `fresh` return the shards won."""
         return f"""
             expired AS (
                 -- The due shards' expired leases, found by `due` (never a scan of the
@@ -139,14 +145,12 @@ class _Renderer(SettleSql):
                 ON CONFLICT ("outbox", "region_name", "shard_scope", "shard_identifier")
                 DO NOTHING
                 RETURNING "region_name", "shard_scope", "shard_identifier"
-            )
-            SELECT * FROM retaken UNION ALL SELECT * FROM fresh"""
+            )"""
 
-    def read_window(self, timed: bool = False) -> str:
-        """Payload, times and receivers done go only with each group's newest row: the
-        others cost nothing to transfer or decode. Dead rows are never read; a shard stops
-        before its first row not yet due (`before_cut`), which is no group's newest."""
-        cols = ", ".join(f"r.{column}" for column in self.cols)
+    def read_columns(self, timed: bool) -> str:
+        """What a read returns of each row (`r`): payload, times and receivers done go
+        only with each group's newest row (window `newest_of_group`), so the others cost
+        nothing to transfer or decode."""
         newest = 'r."id" = max(r."id") OVER newest_of_group'
         times = [  # date_added also when timed: the processing lag is measured from it
             f'CASE WHEN {newest} THEN r."{column}" END'
@@ -154,23 +158,55 @@ class _Renderer(SettleSql):
             else "NULL::timestamptz"
             for column in ("date_added", "scheduled_for")
         ]
+        return f"""{", ".join(f"r.{column}" for column in self.cols)}, r."id", r."category",
+                r."object_identifier", r."attempts", r.before_cut,
+                CASE WHEN {newest} THEN r."payload" END, {", ".join(times)},
+                CASE WHEN {newest} THEN r."delivered_to" END"""
+
+    def first_rows(self, key: str, limit: str, lock: str = "") -> str:
+        """The first pending rows of shard `key`, in id order, each marked whether it
+        comes before the shard's first row not yet due (`before_cut`). Dead rows are
+        never read."""
         return f"""
-            SELECT {cols}, r."id", r."category", r."object_identifier", r."attempts",
-                r.before_cut, CASE WHEN {newest} THEN r."payload" END,
-                {", ".join(times)}, CASE WHEN {newest} THEN r."delivered_to" END
-            FROM (
                 SELECT s.*, bool_and(s."scheduled_for" <= now())
                     OVER (PARTITION BY {self.row_cols("s")} ORDER BY s."id") AS before_cut
-                FROM {self.unnest_keys("k")}
-                CROSS JOIN LATERAL (
+                FROM (
                     SELECT * FROM {self.table} o
-                    WHERE {self.same_shard("o", "k")} AND o."dead_at" IS NULL
-                    ORDER BY o."id" LIMIT %s
-                ) s
-            ) r
+                    WHERE {self.same_shard("o", key)} AND o."dead_at" IS NULL
+                    ORDER BY o."id" LIMIT {limit} {lock}
+                ) s"""
+
+    def read_window(self, timed: bool = False) -> str:
+        """The given shards' first rows, up to each one's first row not yet due."""
+        cols = ", ".join(f"r.{column}" for column in self.cols)
+        return f"""
+            SELECT {self.read_columns(timed)}
+            FROM {self.unnest_keys("k")} CROSS JOIN LATERAL ({self.first_rows("k", "%s")}) r
             WHERE r.before_cut
             WINDOW newest_of_group AS (PARTITION BY {cols}, r."category", r."object_identifier")
             ORDER BY {cols}, r."id\""""
+
+    def claim_and_read(self, timed: bool = False) -> str:
+        """Claim the given keys, then read the shards won, in one statement: each won
+        key, then its row (NULLs for a shard with no row to read).
+
+        The statement's snapshot predates the claim, so a worker that settled one of
+        these shards after it began (deleting rows, or marking them dead) and let it
+        go before our claim would leave rows behind in it that are gone. `FOR SHARE`
+        makes each row read wait for such a change and look at the row as it is now:
+        a deleted row is skipped, a changed one is read again. Right only under READ
+        COMMITTED; the backend checks."""
+        return f"""
+            WITH {self.given_keys()}, {self.claim_steps()},
+            won AS (SELECT * FROM retaken UNION ALL SELECT * FROM fresh)
+            SELECT w."region_name", w."shard_scope", w."shard_identifier", r.*
+            FROM won w LEFT JOIN LATERAL (
+                SELECT {self.read_columns(timed)}
+                FROM ({self.first_rows("w", "%(per_shard)s", "FOR SHARE")}) r
+                WHERE r.before_cut
+                WINDOW newest_of_group AS (PARTITION BY r."category", r."object_identifier")
+            ) r ON TRUE
+            ORDER BY w."region_name", w."shard_scope", w."shard_identifier", r."id\""""
 
     def render(self) -> Statements:
         claim = self.claim()
@@ -179,6 +215,8 @@ class _Renderer(SettleSql):
             claim_walk_after=f"WITH RECURSIVE {self.walk('after')}, {claim}",
             claim_walk_until=f"WITH RECURSIVE {self.walk('until')}, {claim}",
             claim_keys=f"WITH {self.given_keys()}, {claim}",
+            claim_keys_read=self.claim_and_read(),
+            claim_keys_read_timed=self.claim_and_read(timed=True),
             read_window=self.read_window(),
             read_window_timed=self.read_window(timed=True),
             settle=self.settle(),

@@ -29,7 +29,7 @@ from outbox.conf import outbox_settings
 from outbox.engine.collector import collector_paused
 from outbox.engine.failures import judge
 from outbox.engine.keeper import Holding, LeaseKeeper
-from outbox.engine.rounds import cut_at_bounds, retrying
+from outbox.engine.rounds import cut_at_bounds, retrying, shard_budget
 from outbox.engine.stats import DrainStats, Round
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase
@@ -74,7 +74,7 @@ class Drainer:
                 break
             batch = self._work(lease, bounds=None)
             stats.add(batch)
-            limit = self._shard_budget(batch)
+            limit = shard_budget(self.backend.wide_batches, batch)
             # A batch whose shards all came back empty (drained by someone else a moment
             # ago) is no progress; never spin on those.
             progressed = (
@@ -85,21 +85,6 @@ class Drainer:
                 break
         stats.seconds = time.monotonic() - started
         return stats
-
-    def _shard_budget(self, batch: DrainStats) -> int:
-        """How many shards the next batch claims: OUTBOX_BATCH_SHARDS; or, on a backend
-        whose steps cost one statement each whatever the shard count, as many shards as
-        fill a window of OUTBOX_BATCH_ROWS at the last batch's rows per shard (one message
-        per shard: up to OUTBOX_BATCH_ROWS shards), so small shards cost no more round
-        trips per message than big ones."""
-        shards = outbox_settings.BATCH_SHARDS
-        if not self.backend.wide_batches or not batch.shards:
-            return shards
-        rows = batch.rows_retired + batch.failures + batch.dead_lettered
-        per_shard = max(rows / batch.shards, 1.0)
-        return max(
-            shards, min(outbox_settings.BATCH_ROWS, int(outbox_settings.BATCH_ROWS / per_shard))
-        )
 
     def drain_shards(self, shards: Sequence[ShardKey]) -> DrainStats:
         """Drain these shards completely, where they are due and nobody holds them.
@@ -115,8 +100,11 @@ class Drainer:
         """
         self._refuse_open_transaction()
         started = time.monotonic()
-        lease = self._claim(self._new_lease(), len(bounds), shards=tuple(bounds))
-        stats = self._work(lease, bounds=bounds)
+        lease = self._new_lease()
+        window = self._claim_and_read(lease, tuple(bounds))
+        if window is None:
+            self._claim(lease, len(bounds), shards=tuple(bounds))
+        stats = self._work(lease, bounds=bounds, window=window)
         stats.seconds = time.monotonic() - started
         return stats
 
@@ -148,6 +136,20 @@ class Drainer:
             self._cursor = lease.shards[-1]
         return lease
 
+    def _claim_and_read(self, lease: Lease, shards: tuple[ShardKey, ...]) -> Window | None:
+        """Claim `shards` and read the won ones in one step where the backend can (and
+        no scope or identifier filter applies); None: claim, then read."""
+        if self.scopes or self.identifiers:
+            return None
+        started = time.monotonic()
+        with collector_paused():
+            window = retrying(
+                lambda: self.backend.claim_and_read(self.model, lease, shards, self._window_rows())
+            )
+        if window is not None:
+            events.claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)
+        return window
+
     def _refuse_open_transaction(self) -> None:
         if connections[self.using].in_atomic_block:
             raise DrainInTransaction(
@@ -162,8 +164,14 @@ class Drainer:
     def _lease_seconds() -> float:
         return outbox_settings.LEASE_SECONDS
 
-    def _work(self, lease: Lease, bounds: Mapping[ShardKey, int | None] | None) -> DrainStats:
-        """Deliver the claimed shards window by window; release each once it is done."""
+    def _work(
+        self,
+        lease: Lease,
+        bounds: Mapping[ShardKey, int | None] | None,
+        window: Window | None = None,
+    ) -> DrainStats:
+        """Deliver the claimed shards window by window (the first one may be read with
+        the claim already); release each once it is done."""
         stats = DrainStats(shards=len(lease.shards))
         if not lease.shards:
             return stats
@@ -173,8 +181,9 @@ class Drainer:
         active = list(lease.shards)
         try:
             while active and not self.stop.is_set():
-                with collector_paused():
-                    window = self.backend.read_window(self.model, active, self._window_rows())
+                if window is None:
+                    with collector_paused():
+                        window = self.backend.read_window(self.model, active, self._window_rows())
                 reached = cut_at_bounds(window, bounds) if bounds else set()
                 round_ = Round()
                 try:
@@ -190,6 +199,7 @@ class Drainer:
                 finished = {*done, *failed, *round_.lost}
                 active = [key for key in active if key not in finished]
                 lease.shards = [key for key in lease.shards if key not in finished]
+                window = None
         finally:
             keeper.drop(holding)
             self._release_remaining(lease)

@@ -8,6 +8,8 @@ from typing import TypeVar
 
 from outbox.backends.base import Window
 from outbox.backends.errors import is_transient_lock_error
+from outbox.conf import outbox_settings
+from outbox.engine.stats import DrainStats
 from outbox.shards import ShardKey
 
 _T = TypeVar("_T")
@@ -41,3 +43,17 @@ def cut_at_bounds(window: Window, bounds: Mapping[ShardKey, int | None]) -> set[
                 reached.add(shard)
                 break
     return reached
+
+
+def shard_budget(wide_batches: bool, batch: DrainStats) -> int:
+    """How many shards the next batch claims: OUTBOX_BATCH_SHARDS; or, on a backend
+    whose steps cost one statement each whatever the shard count (`wide_batches`), as
+    many shards as fill a window of OUTBOX_BATCH_ROWS at the last batch's rows per shard
+    (one message per shard: up to OUTBOX_BATCH_ROWS shards), so small shards cost no
+    more round trips per message than big ones."""
+    shards = outbox_settings.BATCH_SHARDS
+    if not wide_batches or not batch.shards:
+        return shards
+    rows = batch.rows_retired + batch.failures + batch.dead_lettered
+    per_shard = max(rows / batch.shards, 1.0)
+    return max(shards, min(outbox_settings.BATCH_ROWS, int(outbox_settings.BATCH_ROWS / per_shard)))

@@ -1,0 +1,159 @@
+"""A synchronous flush claims its shards and reads them in one statement on PostgreSQL;
+the read must still see what another worker committed after the statement began."""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from outbox.backends import get_backend
+from outbox.backends.postgres import PostgresBackend
+from outbox.engine import Drainer
+from outbox.models import RegionOutbox, ShardLease
+from tests.conftest import committing
+from tests.factories import RegionOutboxFactory
+
+pytestmark = [
+    committing,
+    pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="the one-statement flush is PostgreSQL's"
+    ),
+]
+
+
+def fast_path():
+    if not isinstance(get_backend("default"), PostgresBackend):
+        pytest.skip("the portable path claims and reads in steps")
+
+
+def engine_statements(captured):
+    return [q["sql"] for q in captured.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+
+
+def test_a_flush_claims_and_reads_in_one_statement_then_settles(calls):
+    fast_path()
+    rows = [RegionOutboxFactory(shard_identifier=n, object_identifier=n) for n in (1, 2)]
+    bounds = {row.shard_key: row.id for row in rows}
+    with CaptureQueriesContext(connection) as captured:
+        stats = Drainer(RegionOutbox).flush(bounds)
+    assert (stats.shards, stats.rows_retired) == (2, 2)
+    assert sorted(c["object_identifier"] for c in calls.calls) == [1, 2]
+    # One statement claims and reads both shards, one settles (deletes and releases).
+    assert len(engine_statements(captured)) == 2, engine_statements(captured)
+    assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()
+
+
+def test_a_flush_skips_a_shard_held_by_another_worker(calls):
+    fast_path()
+    row = RegionOutboxFactory(shard_identifier=1)
+    lease_row(row.shard_key, token="theirs", expires_at=timezone.now() + timedelta(minutes=1))
+    stats = Drainer(RegionOutbox).flush({row.shard_key: row.id})
+    assert (stats.shards, calls.calls) == (0, [])
+    assert RegionOutbox.objects.filter(pk=row.pk).exists()
+
+
+def lease_row(key, token, expires_at):
+    return ShardLease.objects.create(
+        outbox=RegionOutbox._meta.label_lower,
+        region_name=key.region_name,
+        shard_scope=key.shard_scope,
+        shard_identifier=key.shard_identifier,
+        token=token,
+        holder="another worker",
+        expires_at=expires_at,
+    )
+
+
+def wait_for_a_lock_wait(timeout=10.0):
+    """Until some session of this database waits for a lock (our flush)."""
+    deadline = time.monotonic() + timeout
+    with connections["default"].cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError("the flush never waited for the other worker's settle")
+
+
+@pytest.mark.parametrize("settled_as", ["delivered", "dead"])
+def test_a_row_settled_by_a_worker_that_let_go_while_the_flush_ran_is_not_read(calls, settled_as):
+    """Another worker whose lease lapsed (still its holder: nobody took it over) settles
+    the shard's only row and releases the shard. Its settle is under way when the
+    flush's statement begins, so that statement's snapshot still shows the row, and it
+    commits while the flush waits to insert its lease. The flush then wins the shard;
+    it must not deliver the row the other worker delivered, or gave up as dead."""
+    fast_path()
+    row = RegionOutboxFactory(shard_identifier=1)
+    lease = lease_row(row.shard_key, token="theirs", expires_at=timezone.now() - timedelta(1))
+    settling, commit = threading.Event(), threading.Event()
+    outcome = {}
+
+    def other_worker():
+        try:
+            with transaction.atomic(), connections["default"].cursor() as cursor:
+                ShardLease.objects.select_for_update().get(pk=lease.pk)
+                if settled_as == "delivered":
+                    RegionOutbox.objects.filter(pk=row.pk).delete()
+                else:
+                    RegionOutbox.objects.filter(pk=row.pk).update(dead_at=timezone.now())
+                cursor.execute(f"DELETE FROM {ShardLease._meta.db_table} WHERE id = %s", [lease.pk])
+                settling.set()
+                assert commit.wait(10)
+        finally:
+            connections.close_all()
+
+    def flush():
+        try:
+            outcome["stats"] = Drainer(RegionOutbox).flush({row.shard_key: row.id})
+        except BaseException as exc:
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=other_worker)
+    worker.start()
+    assert settling.wait(10)
+    flusher = threading.Thread(target=flush)
+    flusher.start()
+    try:
+        wait_for_a_lock_wait()
+    finally:
+        commit.set()
+        worker.join(10)
+        flusher.join(10)
+    assert "error" not in outcome, outcome
+    assert outcome["stats"].shards == 1  # it won the shard, the other worker having let go
+    assert calls.calls == []
+    assert not ShardLease.objects.exists()
+
+
+def test_under_repeatable_read_a_flush_claims_then_reads(calls):
+    """The one-statement read relies on READ COMMITTED's re-check of locked rows; under
+    another isolation level the flush takes two statements, and still delivers."""
+    fast_path()
+    from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+    row = RegionOutboxFactory(shard_identifier=1)
+    options = connection.settings_dict["OPTIONS"]
+    saved = dict(options)
+    options["isolation_level"] = IsolationLevel.REPEATABLE_READ
+    connection.close()
+    try:
+        with CaptureQueriesContext(connection) as captured:
+            stats = Drainer(RegionOutbox).flush({row.shard_key: row.id})
+    finally:
+        options.clear()
+        options.update(saved)
+        connection.close()
+    assert (stats.shards, stats.rows_retired) == (1, 1)
+    assert len(calls.calls) == 1
+    # Claim, read, settle.
+    assert len(engine_statements(captured)) == 3, engine_statements(captured)
