@@ -4,8 +4,9 @@ Each iteration writes one RegionOutbox row inside
 `with outbox_context(transaction.atomic()):` and reads `time.perf_counter()` as the last
 statement of the block; leaving the block commits, and the engine's on_commit flush
 calls the receiver, which notes `time.perf_counter()` too (`bench.receivers`). The
-difference is commit + flush: lease the shard and read it (one statement on PostgreSQL), call. Shards rotate over
-100 identifiers; every flush must have delivered its row before the next iteration.
+difference is commit + flush: lease the shard and read it (one statement on PostgreSQL),
+call. Shards rotate over 100 identifiers; every flush must have delivered its row before
+the next iteration.
 
 Its floor, measured in the same run and in alternating blocks: psycopg alone on its own
 connection, the same row INSERTed and COMMITted, then the leased floor's claim + read
