@@ -16,6 +16,7 @@ The statements themselves live in `postgres_sql`, their parameters in `postgres_
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -248,10 +249,29 @@ def _share(shards: int, limit: int) -> int:
     return max(limit // count, min(100, max(10_000 // count, 2)))
 
 
+# Per Django connection: its psycopg connection (weakly) and whether statements outside a
+# transaction run under READ COMMITTED there.
+_read_committed_by: weakref.WeakKeyDictionary[BaseDatabaseWrapper, tuple[Any, bool]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _read_committed(connection: BaseDatabaseWrapper) -> bool:
+    """Whether Django runs this connection's transactions under READ COMMITTED and the
+    server runs its statements outside a transaction (the engine's) under it too: a
+    database or role may set another default. The server is asked once per connection."""
     from django.db.backends.postgresql.psycopg_any import IsolationLevel
 
-    return bool(getattr(connection, "isolation_level", None) == IsolationLevel.READ_COMMITTED)
+    if getattr(connection, "isolation_level", None) != IsolationLevel.READ_COMMITTED:
+        return False
+    raw = connection.connection
+    known = _read_committed_by.get(connection)
+    if known is None or known[0]() is not raw:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW transaction_isolation")
+            level = cursor.fetchone()[0]
+        known = _read_committed_by[connection] = (weakref.ref(raw), level == "read committed")
+    return bool(known[1])
 
 
 def _append_commit(

@@ -142,6 +142,11 @@ class _Renderer(SettleSql):
                 SELECT %(label)s, d.region_name, d.shard_scope, d.shard_identifier,
                     %(token)s, %(holder)s, now(), now() + %(seconds)s * interval '1 second'
                 FROM due d
+                -- Sorted: `due` is then read to its end before the first insert, so its
+                -- lease probes never walk the rows this statement inserts (the probe
+                -- may be a scan of a lease table small at plan time: quadratic).
+                -- Key order: two claims inserting the same keys take them in one order.
+                ORDER BY d.region_name, d.shard_scope, d.shard_identifier
                 ON CONFLICT ("outbox", "region_name", "shard_scope", "shard_identifier")
                 DO NOTHING
                 RETURNING "region_name", "shard_scope", "shard_identifier"

@@ -25,6 +25,8 @@ from outbox.internals import live_receivers
 from outbox.models import OutboxBase
 from outbox.signals import is_transactional
 
+_NONE_DONE: frozenset[str] = frozenset()
+
 
 class LeaseLost(OutboxError):
     """Raised inside a transactional delivery to roll the receiver's writes back."""
@@ -47,12 +49,6 @@ def receiver_id(receiver: Callable[..., Any]) -> str:
     module = getattr(target, "__module__", None) or type(target).__module__
     qualname = getattr(target, "__qualname__", None) or type(target).__qualname__
     return f"{module}.{qualname}"
-
-
-def done_before(message: Any) -> frozenset[str]:
-    """The receivers a failed earlier attempt recorded as done for this very row."""
-    recorded = getattr(message, "delivered_to", "") or ""
-    return frozenset(json.loads(recorded)) if recorded else frozenset()
 
 
 class Dispatch:
@@ -83,12 +79,16 @@ class Dispatch:
         route = self._routes.get(group.category)
         if route is None:
             route = self._routes[group.category] = _Route(self.signal, group.category)
-        kwargs = self.model.message_kwargs(group.message)
+        message = group.message
+        kwargs = self.model.message_kwargs(message)
         timings = self.timings
         if timings is not None:
             timings.clear()
         if not route.transactional:
-            route.send(kwargs, done_before(group.message), robust=True, timings=timings)
+            # The receivers a failed earlier attempt recorded as done for this very row.
+            recorded = getattr(message, "delivered_to", "")
+            done = frozenset(json.loads(recorded)) if recorded else _NONE_DONE
+            route.send(kwargs, done, robust=True, timings=timings)
             return False
         try:
             with transaction.atomic(using=self.using):

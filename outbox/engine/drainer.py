@@ -113,11 +113,11 @@ class Drainer:
         scheduler to hand out; committed on return. The caller passes `lease.token` and
         `lease.shards` on, and the worker that drains them calls `unreserve` first."""
         self._refuse_open_transaction()
-        return self._claim(Lease(uuid.uuid4().hex, holder, self._lease_seconds()), limit)
+        return self._claim(Lease(uuid.uuid4().hex, holder, outbox_settings.LEASE_SECONDS), limit)
 
     def unreserve(self, token: str, shards: Sequence[ShardKey]) -> None:
         """Release `shards` where the reservation `token` still holds them."""
-        lease = Lease(token, self.holder, self._lease_seconds(), list(shards))
+        lease = Lease(token, self.holder, outbox_settings.LEASE_SECONDS, list(shards))
         retrying(lambda: self.backend.release(self.model, lease, lease.shards))
 
     def _claim(self, lease: Lease, limit: int, shards: tuple[ShardKey, ...] | None = None) -> Lease:
@@ -141,11 +141,14 @@ class Drainer:
         no scope or identifier filter applies); None: claim, then read."""
         if self.scopes or self.identifiers:
             return None
-        started = time.monotonic()
-        with collector_paused():
+        started = time.monotonic()  # the claim's duration includes its read here
+        try:
             window = retrying(
                 lambda: self.backend.claim_and_read(self.model, lease, shards, self._window_rows())
             )
+        except BaseException:
+            self._release_remaining(lease)  # won, then failed reading: let them go now
+            raise
         if window is not None:
             events.claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)
         return window
@@ -158,11 +161,7 @@ class Drainer:
             )
 
     def _new_lease(self) -> Lease:
-        return Lease(uuid.uuid4().hex, self.holder, self._lease_seconds())
-
-    @staticmethod
-    def _lease_seconds() -> float:
-        return outbox_settings.LEASE_SECONDS
+        return Lease(uuid.uuid4().hex, self.holder, outbox_settings.LEASE_SECONDS)
 
     def _work(
         self,
@@ -222,11 +221,13 @@ class Drainer:
         # Receivers and lifecycle listeners are looked up once per window.
         self._report_processed = events.wants_processed(self.model)
         self._dispatch = delivery.Dispatch(self.model, self.using, timed=self._report_processed)
+        stop, overdue_after = self.stop, holding.lease.seconds / 2  # see Holding
         for shard, groups in window.shards.items():
             for group in groups:
-                if self.stop.is_set():
+                if stop.is_set():
                     return
-                self._confirm_lease(holding)
+                if time.monotonic() - holding.renewed_at >= overdue_after:  # checked inline:
+                    self._confirm_lease(holding)  # once per message, on the hot path
                 if shard in holding.lost:
                     round_.lost.add(shard)
                     break
