@@ -198,9 +198,14 @@ class PostgresBackend(OutboxBackend):
     def settle(self, model: type[OutboxBase], lease: Lease, settlement: Settlement) -> SettleResult:
         if not (settlement.delivered or settlement.failed or settlement.dead or settlement.release):
             return SettleResult()
-        deleted, held = self._settle(model, lease, settlement)
+        released = not (settlement.failed or settlement.dead) and (
+            settlement.delivered.keys() <= set(settlement.release)
+        )
+        deleted, held = self._settle(model, lease, settlement, released=released)
         lost = frozenset(key for key in settlement.delivered if key not in held)
-        if lost:
+        # Settled shard by shard when released: a lost shard kept its rows, the others
+        # are done, so there is nothing to settle again.
+        if lost and not released:
             # Some lease was lost, so nothing was deleted or released: settle the held
             # shards again on their own (failures and dead letters were already recorded
             # where held).
@@ -212,10 +217,11 @@ class PostgresBackend(OutboxBackend):
         return SettleResult(deleted, lost)
 
     def _settle(
-        self, model: type[OutboxBase], lease: Lease, settlement: Settlement
+        self, model: type[OutboxBase], lease: Lease, settlement: Settlement, released: bool = False
     ) -> tuple[int, set[ShardKey]]:
         params = settle_params(model, lease, settlement)
-        result = self._fetch(statements(model).settle, params)
+        sql = statements(model)
+        result = self._fetch(sql.settle_released if released else sql.settle, params)
         # Plain tuples: they compare and hash as the ShardKeys they stand for.
         held = {tuple(row[1:]) for row in result if row[1] is not None}
         return int(result[0][0]), held  # type: ignore[return-value]

@@ -24,6 +24,7 @@ class Statements:
     read_window: str  # the first rows of each claimed shard, payload only for the newest
     read_window_timed: str  # the same, with the newest rows' date_added (for the lag)
     settle: str  # delete delivered rows, reschedule failed ones, back off, release
+    settle_released: str  # the same when nothing failed and every shard is finished
     renew: str  # extend a lease, returning the shards still held
     release: str  # drop a lease on some shards
 
@@ -225,6 +226,7 @@ class _Renderer(SettleSql):
             read_window=self.read_window(),
             read_window_timed=self.read_window(timed=True),
             settle=self.settle(),
+            settle_released=self.settle_released(),
             renew=f"""
                 UPDATE {self.lease}
                 SET "expires_at" = now() + %(seconds)s * interval '1 second'
