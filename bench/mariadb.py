@@ -5,13 +5,12 @@ The harness runs with PostgreSQL settings, so this section runs in a child proce
 its database, then for each shape (ordered streams, one message per shard) loads the
 same rows before each contender and drains them, one contender after the other:
 
-- raw limit: MySQLdb alone, the loop of `bench/contenders/raw.py` in MariaDB's SQL, with
-  the same batch. MariaDB cannot DELETE by a subquery with LIMIT, so it is measured two
-  ways and the faster is the limit: one transaction per batch that claims the next due
-  rows in id order `FOR UPDATE SKIP LOCKED`, deletes them and commits (the same
-  semantics, three round trips), and one `DELETE ... ORDER BY id LIMIT n RETURNING`
-  statement (one round trip; it waits on locked rows instead of skipping them, the same
-  for one consumer). A trivial function is called per row;
+- raw limit (`bench/contenders/mariadb_raw.py`): MySQLdb alone, the same batch, a trivial
+  function per row; the faster of a `FOR UPDATE SKIP LOCKED` claim + DELETE + COMMIT and
+  one `DELETE ... ORDER BY id LIMIT n RETURNING` per batch (MariaDB cannot DELETE by a
+  subquery with LIMIT);
+- leased floor (`raw_leased` there): that SKIP LOCKED loop plus one `ShardLease` row per
+  shard, committed before the receiver runs and deleted with the rows;
 - drain: `drain_outboxes()` until the table is empty (`bench/contenders/drain.py`), on
   the MariaDB fast path, in this process and in two fresh ones at once
   (`bench.workers`); and in this process on the portable path, for comparison.
@@ -41,7 +40,8 @@ SIZES: dict[str, tuple[tuple[int, int], tuple[int, ...], float]] = {
     "quick": ((100, 100), (10_000, 2_000), 30.0),
     "full": ((1_000, 100), (100_000, 20_000), 60.0),
 }
-CONTENDERS = ("raw_skip_locked", "raw_delete_returning", "drain_1p", "drain_2p", "drain_portable")
+RAW = ("raw_skip_locked", "raw_delete_returning", "raw_leased")  # bench.contenders.mariadb_raw
+CONTENDERS = (*RAW, "drain_1p", "drain_2p", "drain_portable")
 
 
 def measure(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
@@ -80,18 +80,21 @@ def markdown(result: dict[str, Any]) -> list[str]:
     lines = [
         f"MariaDB {versions['mariadb']}, engine backend {versions['outbox_backend']}, "
         f"batch {result['batch_rows']} rows. Raw limit: the faster of a SKIP LOCKED "
-        "transaction and one DELETE ... RETURNING per batch (bench/mariadb.py).",
+        "transaction and one DELETE ... RETURNING per batch; leased floor: that SKIP LOCKED "
+        "loop plus a lease row per shard (bench/contenders/mariadb_raw.py).",
         "",
-        "| shape | rows | raw limit | fast path | ÷ raw | 2 processes | portable path | ÷ raw |",
-        "|---|---|---|---|---|---|---|---|",
+        "| shape | rows | raw limit | leased floor | ÷ raw | fast path | ÷ raw | ÷ leased "
+        "| 2 processes | portable path | ÷ raw |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for shape in result["shapes"].values():
         described = shape["shape"]
         lines.append(
             f"| {described['title']} | {described['rows']:,} / {described['shards']:,} shards "
-            f"| {_rate(shape['raw_limit_per_s'])} | {_rate(shape['drain_1p_per_s'])} "
-            f"| {shape['ratio']:.2f} | {_rate(shape['drain_2p_per_s'])} "
-            f"| {_rate(shape['portable_per_s'])} "
+            f"| {_rate(shape['raw_limit_per_s'])} | {_rate(shape['leased_floor_per_s'])} "
+            f"| {shape['leased_floor_ratio']:.2f} | {_rate(shape['drain_1p_per_s'])} "
+            f"| {shape['ratio']:.2f} | {shape['drain_over_leased_floor']:.2f} "
+            f"| {_rate(shape['drain_2p_per_s'])} | {_rate(shape['portable_per_s'])} "
             f"| {shape['portable_ratio']:.2f} |"
         )
     return lines
@@ -106,10 +109,6 @@ def _rate(per_s: float) -> str:
 
 def _note(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _receive(*row: Any) -> None:
-    """The raw loops' receiver: does nothing, like the bench receivers."""
 
 
 def _create_database() -> None:
@@ -131,86 +130,6 @@ def _create_database() -> None:
         cursor.execute(f"CREATE DATABASE `{config['NAME']}` CHARACTER SET utf8mb4")
     finally:
         server.close()
-
-
-def _raw_connection() -> Any:
-    import MySQLdb
-    from django.db import connection
-
-    return MySQLdb.connect(**connection.get_connection_params())
-
-
-def raw_skip_locked(budget: float, batch_rows: int) -> dict[str, Any]:
-    """Per batch, one transaction: claim the next due rows in id order, skipping locked
-    ones, delete them, commit; then call the receiver per row."""
-    from outbox.models import RegionOutbox
-
-    table = RegionOutbox._meta.db_table
-    claim = (
-        "SELECT id, shard_scope, shard_identifier, category, object_identifier, payload"
-        f" FROM `{table}` WHERE scheduled_for <= NOW(6) ORDER BY id LIMIT %s"
-        " FOR UPDATE SKIP LOCKED"
-    )
-    deadline, rows, statements = time.monotonic() + budget, 0, 0
-    complete = False
-    conn = _raw_connection()
-    conn.autocommit(False)
-    cursor = conn.cursor()
-    while time.monotonic() < deadline:
-        cursor.execute(claim, [batch_rows])
-        batch = cursor.fetchall()
-        if not batch:
-            conn.commit()
-            complete = True
-            break
-        ids = ",".join(str(row[0]) for row in batch)
-        cursor.execute(f"DELETE FROM `{table}` WHERE id IN ({ids})")
-        conn.commit()
-        statements += 3
-        for row in batch:
-            _receive(*row)
-        rows += len(batch)
-    conn.close()
-    return {
-        "rows_retired": rows,
-        "receiver_calls": rows,
-        "statements": statements,
-        "complete": complete,
-    }
-
-
-def raw_delete_returning(budget: float, batch_rows: int) -> dict[str, Any]:
-    """Per batch, one statement in autocommit: delete the next due rows in id order and
-    return them; then call the receiver per row."""
-    from outbox.models import RegionOutbox
-
-    statement = (
-        f"DELETE FROM `{RegionOutbox._meta.db_table}` WHERE scheduled_for <= NOW(6)"
-        " ORDER BY id LIMIT %s"
-        " RETURNING id, shard_scope, shard_identifier, category, object_identifier, payload"
-    )
-    deadline, rows, statements = time.monotonic() + budget, 0, 0
-    complete = False
-    conn = _raw_connection()
-    conn.autocommit(True)
-    cursor = conn.cursor()
-    while time.monotonic() < deadline:
-        cursor.execute(statement, [batch_rows])
-        batch = cursor.fetchall()
-        statements += 1
-        if not batch:
-            complete = True
-            break
-        for row in batch:
-            _receive(*row)
-        rows += len(batch)
-    conn.close()
-    return {
-        "rows_retired": rows,
-        "receiver_calls": rows,
-        "statements": statements,
-        "complete": complete,
-    }
 
 
 def _load(shape: Any) -> int:
@@ -256,7 +175,7 @@ def _run(name: str, budget: float, batch_rows: int) -> tuple[dict[str, Any], flo
     from django.test.utils import override_settings
 
     from bench import receivers
-    from bench.contenders import drain
+    from bench.contenders import drain, mariadb_raw
     from bench.workers import run_processes
 
     if name == "drain_2p":
@@ -265,10 +184,8 @@ def _run(name: str, budget: float, batch_rows: int) -> tuple[dict[str, Any], flo
         return {"receiver_calls": calls, "workers": run.results}, run.seconds
     receivers.calls.clear()
     started = time.perf_counter()
-    if name == "raw_skip_locked":
-        result = raw_skip_locked(budget, batch_rows)
-    elif name == "raw_delete_returning":
-        result = raw_delete_returning(budget, batch_rows)
+    if name in RAW:
+        result = getattr(mariadb_raw, name)(budget, batch_rows)
     else:
         with override_settings(OUTBOX_FAST_PATH=name == "drain_1p"):
             result = drain.run(budget)
@@ -303,9 +220,9 @@ def _shape(shape: Any, budget: float, batch_rows: int, problems: list[str]) -> d
                 f"mariadb {shape.name} {name}: {run['receiver_calls']} receiver calls for "
                 f"{run['rows_retired']} rows"
             )
-    raw = max(contenders["raw_skip_locked"]["per_s"], contenders["raw_delete_returning"]["per_s"])
-    fast, portable = contenders["drain_1p"]["per_s"], contenders["drain_portable"]["per_s"]
-    two = contenders["drain_2p"]["per_s"]
+    rate = {name: run["per_s"] for name, run in contenders.items()}
+    raw = max(rate["raw_skip_locked"], rate["raw_delete_returning"])
+    fast, two, leased = rate["drain_1p"], rate["drain_2p"], rate["raw_leased"]
     return {
         "shape": shape.describe(),
         "contenders": contenders,
@@ -314,8 +231,11 @@ def _shape(shape: Any, budget: float, batch_rows: int, problems: list[str]) -> d
         "ratio": fast / raw if raw else 0.0,
         "drain_2p_per_s": two,
         "drain_2p_over_drain_1p": two / fast if fast else 0.0,
-        "portable_per_s": portable,
-        "portable_ratio": portable / raw if raw else 0.0,
+        "portable_per_s": rate["drain_portable"],
+        "portable_ratio": rate["drain_portable"] / raw if raw else 0.0,
+        "leased_floor_per_s": leased,
+        "leased_floor_ratio": leased / raw if raw else 0.0,
+        "drain_over_leased_floor": fast / leased if leased else 0.0,
     }
 
 
@@ -326,11 +246,8 @@ def _versions() -> dict[str, Any]:
 
     from outbox.backends import get_backend
 
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT VERSION()")
-        version = cursor.fetchone()[0]
     return {
-        "mariadb": version,
+        "mariadb": connection.mysql_server_info,  # SELECT VERSION(), as Django reads it
         "mysqlclient": metadata.version("mysqlclient"),
         "outbox_backend": type(get_backend("default")).__name__,
     }
