@@ -93,4 +93,5 @@ def settle_params(model: type[OutboxBase], lease: Lease, settlement: Settlement)
         **key_params("b", [f.shard for f in failed]),
         "b_delays": [f.block_seconds for f in failed],
         **named_arrays("r", released or key_arrays(settlement.release)),
+        "released_shards": len(set(settlement.release)),
     }

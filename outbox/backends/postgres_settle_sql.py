@@ -89,11 +89,12 @@ class SettleSql(Fragments):
             )"""
 
     def settle_released(self) -> str:
-        """The common end of a round, in one cheaper statement: no failure, and every
-        shard delivered to is finished. Deleting our lease rows is the check that we
+        """The common end of a round, in one cheaper statement: no failed or dead group,
+        and every shard delivered to is finished. Deleting our lease rows is the check that we
         still hold them (the delete keeps them locked until it commits, so no one takes
         those shards over meanwhile); only rows of the shards whose lease row went are
-        deleted. A shard whose lease was lost keeps its rows and is not reported."""
+        deleted. A shard whose lease was lost keeps its rows; it is missing from the
+        shards returned, so the backend reports it lost."""
         return f"""
             WITH released AS (
                 DELETE FROM {self.lease} l
@@ -105,8 +106,13 @@ class SettleSql(Fragments):
                 RETURNING l."region_name", l."shard_scope", l."shard_identifier"
             ),
             gone AS (
-                DELETE FROM {self.table} o USING released h
-                WHERE o."id" = ANY(%(delivered)s::bigint[]) AND {self.same_shard("o", "h")}
+                -- Found by id (never a walk of each shard's rows): every shard held, the
+                -- usual case, needs no other check; else a hashed lookup per row.
+                DELETE FROM {self.table} o
+                WHERE o."id" = ANY(%(delivered)s::bigint[])
+                  AND ((SELECT count(*) FROM released) = %(released_shards)s
+                       OR ({self.row_cols("o")}) IN (SELECT {self.row_cols("h")}
+                                                   FROM released h))
                 RETURNING 1
             )
             SELECT (SELECT count(*) FROM gone), h."region_name", h."shard_scope",

@@ -24,7 +24,8 @@ class Statements:
     read_window: str  # the first rows of each claimed shard, payload only for the newest
     read_window_timed: str  # the same, with the newest rows' date_added (for the lag)
     settle: str  # delete delivered rows, reschedule failed ones, back off, release
-    settle_released: str  # the same when nothing failed and every shard is finished
+    settle_released: str  # the same when nothing failed or died and every shard
+    # delivered to is finished
     renew: str  # extend a lease, returning the shards still held
     release: str  # drop a lease on some shards
 
