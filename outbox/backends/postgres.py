@@ -96,18 +96,8 @@ class PostgresBackend(OutboxBackend):
             lease.shards = []
             return lease.shards
         sql = statements(model)
-        params = {
-            "label": model._meta.label_lower,
-            "limit": limit,
-            "scopes": list(where.scopes) if where.scopes else None,
-            "identifiers": list(where.identifiers) if where.identifiers else None,
-            "token": lease.token,
-            "holder": lease.holder,
-            "seconds": lease.seconds,
-        }
+        params = _claim_params(model, lease, where, limit)
         if where.shards is not None:
-            regions, scopes_in, identifiers_in = key_arrays(where.shards)
-            params.update(regions=regions, scopes_in=scopes_in, identifiers_in=identifiers_in)
             won = self._fetch(sql.claim_keys, params)
         elif where.after is None:
             won = self._fetch(sql.claim_walk, params)
@@ -152,23 +142,12 @@ class PostgresBackend(OutboxBackend):
         per_shard = _share(len(shards), limit)
         sql = statements(model)
         timed = message_processed.has_listeners(model)
-        regions, scopes_in, identifiers_in = key_arrays(shards)
-        params = {
-            "label": model._meta.label_lower,
-            "scopes": None,
-            "identifiers": None,
-            "token": lease.token,
-            "holder": lease.holder,
-            "seconds": lease.seconds,
-            "regions": regions,
-            "scopes_in": scopes_in,
-            "identifiers_in": identifiers_in,
-            "per_shard": per_shard,
-        }
+        params = _claim_params(model, lease, ShardFilter(shards=tuple(shards)), len(shards))
+        params["per_shard"] = per_shard
         rows = self._fetch(sql.claim_keys_read_timed if timed else sql.claim_keys_read, params)
-        won = {ShardKey(*row[:3]) for row in rows}
-        lease.shards = sorted(won)
-        read = [row[3:] for row in rows if row[3 + len(model.shard_fields)] is not None]
+        lease.shards = sorted({ShardKey(*row[:3]) for row in rows})
+        row_id = 3 + len(model.shard_fields)  # NULL: a won shard with no row to read
+        read = [row[3:] for row in rows if row[row_id] is not None]
         return self._window(model, read, lease.shards, per_shard)
 
     def _window(
@@ -243,6 +222,25 @@ class PostgresBackend(OutboxBackend):
         }
         with connections[self.using].cursor() as cursor:
             cursor.execute(statements(model).release, params)
+
+
+def _claim_params(
+    model: type[OutboxBase], lease: Lease, where: ShardFilter, limit: int
+) -> dict[str, Any]:
+    """The parameters of the claim statements (and of the given keys, if any)."""
+    params: dict[str, Any] = {
+        "label": model._meta.label_lower,
+        "limit": limit,
+        "scopes": list(where.scopes) if where.scopes else None,
+        "identifiers": list(where.identifiers) if where.identifiers else None,
+        "token": lease.token,
+        "holder": lease.holder,
+        "seconds": lease.seconds,
+    }
+    if where.shards is not None:
+        regions, scopes_in, identifiers_in = key_arrays(where.shards)
+        params.update(regions=regions, scopes_in=scopes_in, identifiers_in=identifiers_in)
+    return params
 
 
 def _share(shards: int, limit: int) -> int:
