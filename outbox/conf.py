@@ -85,6 +85,13 @@ class OutboxSettings:
         "Use the fast path of PostgreSQL and of MariaDB 10.6+. Off, they take the portable "
         "path like every other database.",
     )
+    SETTLE_IN_BACKGROUND: Setting[bool] = Setting(
+        True,
+        "On the fast paths of PostgreSQL and MariaDB: while a drain has another batch to "
+        "work on, settle the batch it has just delivered (delete its rows, release its "
+        "shards) on a thread with a database connection of its own, so the database "
+        "deletes while Python delivers. Off, a drain uses one connection only.",
+    )
     LOOP_INTERVAL_SECONDS: Setting[float] = Setting(
         1.0,
         "How long `drain_outboxes --loop` sleeps when nothing is due. On PostgreSQL with "

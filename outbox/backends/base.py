@@ -193,6 +193,10 @@ class OutboxBackend(ABC):
     # they touch: the engine may then claim up to OUTBOX_BATCH_ROWS shards at once when
     # its shards hold a row or two each. Else it claims OUTBOX_BATCH_SHARDS at most.
     wide_batches = False
+    # Whether `settle` may run on another thread (its own connection) while this
+    # backend claims, reads and settles on the drain's: the engine then settles a
+    # delivered batch in the background while it works on the next one.
+    settles_behind = False
 
     def __init__(self, using: str) -> None:
         self.using = using

@@ -60,6 +60,7 @@ _regions: dict[tuple[str, str, str], Regions] = {}
 
 class MariaDBBackend(OutboxBackend):
     wide_batches = True
+    settles_behind = True
 
     @classmethod
     def supports(cls, connection: BaseDatabaseWrapper) -> bool:

@@ -60,6 +60,7 @@ def payload_decoder(
 
 class PostgresBackend(OutboxBackend):
     wide_batches = True
+    settles_behind = True
 
     @classmethod
     def supports(cls, connection: BaseDatabaseWrapper) -> bool:

@@ -24,13 +24,12 @@ from django.db import connections, router
 import outbox.engine.delivery as delivery
 import outbox.engine.events as events
 from outbox.backends import get_backend
-from outbox.backends.base import Group, Lease, Settlement, ShardFilter, Window
+from outbox.backends.base import Lease, ShardFilter, Window
 from outbox.conf import outbox_settings
-from outbox.engine.collector import collector_paused
-from outbox.engine.failures import judge
-from outbox.engine.keeper import Holding, LeaseKeeper
-from outbox.engine.rounds import cut_at_bounds, retrying, shard_budget
-from outbox.engine.stats import DrainStats, Round
+from outbox.engine.batch import BatchWorker
+from outbox.engine.behind import Pending, SettleBehind
+from outbox.engine.rounds import retrying, shard_budget
+from outbox.engine.stats import DrainStats
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
@@ -38,7 +37,7 @@ from outbox.shards import ShardKey
 logger = logging.getLogger("outbox.engine")
 
 
-class Drainer:
+class Drainer(BatchWorker):
     """Drains one outbox table on one database. Cheap to create; not thread-safe."""
 
     def __init__(
@@ -66,25 +65,57 @@ class Drainer:
         self._refuse_open_transaction()
         stats = DrainStats()
         started = time.monotonic()
-        idle_rounds = 0
-        limit = outbox_settings.BATCH_SHARDS
-        while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            lease = self._claim(self._new_lease(), limit)
-            if not lease.shards:
-                break
-            batch = self._work(lease, bounds=None)
-            stats.add(batch)
-            limit = shard_budget(self.backend.wide_batches, batch)
-            # A batch whose shards all came back empty (drained by someone else a moment
-            # ago) is no progress; never spin on those.
-            progressed = (
-                batch.receiver_calls or batch.rows_retired or batch.failures or batch.dead_lettered
-            )
-            idle_rounds = 0 if progressed else idle_rounds + 1
-            if idle_rounds >= 3:
-                break
+        behind = None
+        if outbox_settings.SETTLE_IN_BACKGROUND and self.backend.settles_behind:
+            behind = SettleBehind(self.backend, self.model, self.using)
+        try:
+            self._batches(stats, deadline, behind)
+        finally:
+            if behind is not None:
+                behind.close(stats)
         stats.seconds = time.monotonic() - started
         return stats
+
+    def _batches(
+        self, stats: DrainStats, deadline: float | None, behind: SettleBehind | None
+    ) -> None:
+        """Claim and work batches until none is due. From the second full batch in a row
+        on (a backlog), the settle of each one is left to `behind`, done while the next
+        one runs (see `outbox.engine.behind`)."""
+        idle_rounds = full_in_a_row = 0
+        limit = outbox_settings.BATCH_SHARDS
+        pending: Pending | None = None  # the last batch, delivered, not settled yet
+        try:
+            while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                lease = self._claim(self._new_lease(), limit)
+                if pending is not None:
+                    assert behind is not None  # only `behind` defers
+                    last, pending = pending, None
+                    if not lease.shards:  # its shards were still leased to that claim:
+                        behind.settle_now(last, stats)  # settle it, then look again
+                        continue
+                    behind.submit(last, stats)  # settled while this batch runs
+                if not lease.shards:
+                    break
+                full_in_a_row = full_in_a_row + 1 if len(lease.shards) >= limit else 0
+                defer = behind is not None and full_in_a_row >= 2
+                batch, pending = self._work(lease, bounds=None, defer=defer)
+                stats.add(batch)
+                limit = shard_budget(self.backend.wide_batches, batch)
+                # A batch whose shards all came back empty (drained by someone else a
+                # moment ago) is no progress; never spin on those.
+                progressed = (
+                    batch.receiver_calls
+                    or batch.rows_retired
+                    or batch.failures
+                    or batch.dead_lettered
+                )
+                idle_rounds = 0 if progressed else idle_rounds + 1
+                if idle_rounds >= 3:
+                    break
+        finally:
+            if pending is not None and behind is not None:
+                behind.settle_now(pending, stats)
 
     def drain_shards(self, shards: Sequence[ShardKey]) -> DrainStats:
         """Drain these shards completely, where they are due and nobody holds them.
@@ -104,7 +135,7 @@ class Drainer:
         window = self._claim_and_read(lease, tuple(bounds))
         if window is None:
             self._claim(lease, len(bounds), shards=tuple(bounds))
-        stats = self._work(lease, bounds=bounds, window=window)
+        stats, _ = self._work(lease, bounds=bounds, window=window)
         stats.seconds = time.monotonic() - started
         return stats
 
@@ -162,138 +193,3 @@ class Drainer:
 
     def _new_lease(self) -> Lease:
         return Lease(uuid.uuid4().hex, self.holder, outbox_settings.LEASE_SECONDS)
-
-    def _work(
-        self,
-        lease: Lease,
-        bounds: Mapping[ShardKey, int | None] | None,
-        window: Window | None = None,
-    ) -> DrainStats:
-        """Deliver the claimed shards window by window (the first one may be read with
-        the claim already); release each once it is done."""
-        stats = DrainStats(shards=len(lease.shards))
-        if not lease.shards:
-            return stats
-        holding = Holding(self.backend, self.model, lease)
-        keeper = LeaseKeeper.get()
-        keeper.hold(holding)
-        active = list(lease.shards)
-        try:
-            while active and not self.stop.is_set():
-                if window is None:
-                    with collector_paused():
-                        window = self.backend.read_window(self.model, active, self._window_rows())
-                reached = cut_at_bounds(window, bounds) if bounds else set()
-                round_ = Round()
-                try:
-                    self._deliver(window, holding, round_)
-                finally:
-                    failed = {failure.shard for failure in round_.failures}
-                    done = [
-                        key
-                        for key in active
-                        if (key not in window.incomplete or key in reached) and key not in failed
-                    ]
-                    self._settle(lease, round_, done, stats)
-                finished = {*done, *failed, *round_.lost}
-                active = [key for key in active if key not in finished]
-                lease.shards = [key for key in lease.shards if key not in finished]
-                window = None
-        finally:
-            keeper.drop(holding)
-            self._release_remaining(lease)
-        return stats
-
-    def _window_rows(self) -> int:
-        return outbox_settings.BATCH_ROWS
-
-    def _release_remaining(self, lease: Lease) -> None:
-        if not lease.shards:
-            return
-        try:
-            retrying(lambda: self.backend.release(self.model, lease, lease.shards))
-            lease.shards = []
-        except Exception:
-            # The leases expire by themselves; the error that brought us here matters more.
-            logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
-
-    def _deliver(self, window: Window, holding: Holding, round_: Round) -> None:
-        # Receivers and lifecycle listeners are looked up once per window.
-        self._report_processed = events.wants_processed(self.model)
-        self._dispatch = delivery.Dispatch(self.model, self.using, timed=self._report_processed)
-        stop, overdue_after = self.stop, holding.lease.seconds / 2  # see Holding
-        for shard, groups in window.shards.items():
-            for group in groups:
-                if stop.is_set():
-                    return
-                if time.monotonic() - holding.renewed_at >= overdue_after:  # checked inline:
-                    self._confirm_lease(holding)  # once per message, on the hot path
-                if shard in holding.lost:
-                    round_.lost.add(shard)
-                    break
-                if group.message is None:
-                    break  # removed by an operator meanwhile; the next read sees the rest
-                if not self._deliver_group(group, holding, round_):
-                    break
-
-    def _confirm_lease(self, holding: Holding) -> None:
-        """Before the next receiver call: if the lease may have lapsed since its last
-        renewal (a receiver ran past the deadline, so the keeper stopped renewing it, or
-        the keeper fell behind), renew it here first. Shards another worker took
-        meanwhile are lost: their rows, read before, may be delivered and gone already."""
-        if not holding.renewal_overdue(time.monotonic()):
-            return
-        held = retrying(lambda: self.backend.renew(self.model, holding.lease))
-        holding.renewed_at = time.monotonic()
-        holding.lost.update(key for key in holding.lease.shards if key not in held)
-
-    def _deliver_group(self, group: Group, holding: Holding, round_: Round) -> bool:
-        """Deliver one group; False when its shard must stop here."""
-        lease = holding.lease
-        started = holding.receiver_started = time.monotonic()
-        try:
-            retired_inline = self._dispatch.send(
-                group, lambda: not self._retire_now(lease, {group.shard: group.row_ids}, round_)
-            )
-        except delivery.LeaseLost:
-            round_.receiver_calls += 1
-            round_.lost.add(group.shard)
-            return False
-        except Exception as exc:
-            round_.receiver_calls += isinstance(exc, delivery.DeliveryFailed)
-            return self._failed(group, exc, round_)
-        finally:
-            holding.receiver_started = None
-        round_.receiver_calls += 1
-        round_.groups_delivered += 1
-        if not retired_inline:
-            round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
-        if self._report_processed:
-            timings = dict(self._dispatch.timings or ())
-            duration = time.monotonic() - started
-            events.send_processed(self.model, group, duration, self.using, timings)
-        return True
-
-    def _failed(self, group: Group, exc: Exception, round_: Round) -> bool:
-        """Record a failed group; True when its shard goes on (the group is dead)."""
-        failed, dead = judge(self.model, group, exc, self.using)
-        (round_.dead if dead else round_.failures).append(failed)
-        return dead
-
-    def _retire_now(
-        self, lease: Lease, row_ids: dict[ShardKey, list[int]], round_: Round
-    ) -> set[ShardKey]:
-        """Delete a group's rows inside its transactional receiver's transaction."""
-        settled = self.backend.settle(self.model, lease, Settlement(delivered=row_ids))
-        if not settled.lost:
-            round_.retired_inline += settled.deleted
-        return set(settled.lost)
-
-    def _settle(self, lease: Lease, round_: Round, done: list[ShardKey], stats: DrainStats) -> None:
-        settlement = Settlement(
-            delivered=round_.delivered, failed=round_.failures, release=done, dead=round_.dead
-        )
-        settled = retrying(lambda: self.backend.settle(self.model, lease, settlement))
-        round_.lost.update(settled.lost)
-        events.leases_lost(self.model, round_.lost, self.using)
-        round_.add_to(stats, settled.deleted)

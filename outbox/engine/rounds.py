@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from outbox.backends.base import Window
@@ -43,6 +43,18 @@ def cut_at_bounds(window: Window, bounds: Mapping[ShardKey, int | None]) -> set[
                 reached.add(shard)
                 break
     return reached
+
+
+def done_shards(
+    active: Sequence[ShardKey], window: Window, reached: set[ShardKey], failed: set[ShardKey]
+) -> list[ShardKey]:
+    """The shards a round finished: read to their end (or to a flush's bound) and not
+    failed; release them."""
+    return [
+        key
+        for key in active
+        if (key not in window.incomplete or key in reached) and key not in failed
+    ]
 
 
 def shard_budget(wide_batches: bool, batch: DrainStats) -> int:

@@ -1,0 +1,193 @@
+"""Working one leased batch: read its shards window by window, call the receivers of
+each group, settle each round (or hand the last one back to be settled behind).
+
+`BatchWorker` holds what a drain does with a batch it has claimed; `Drainer`
+(`outbox.engine.drainer`) claims the batches and decides when each is worked on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+
+import outbox.engine.delivery as delivery
+import outbox.engine.events as events
+from outbox.backends.base import Group, Lease, OutboxBackend, Settlement, Window
+from outbox.conf import outbox_settings
+from outbox.engine.behind import Pending
+from outbox.engine.collector import collector_paused
+from outbox.engine.failures import judge
+from outbox.engine.keeper import Holding, LeaseKeeper
+from outbox.engine.rounds import cut_at_bounds, done_shards, retrying
+from outbox.engine.stats import DrainStats, Round
+from outbox.models import OutboxBase
+from outbox.shards import ShardKey
+
+logger = logging.getLogger("outbox.engine")
+
+
+class BatchWorker:
+    """Delivers and settles claimed batches of one outbox table on one database."""
+
+    model: type[OutboxBase]
+    using: str
+    backend: OutboxBackend
+    stop: threading.Event
+    _dispatch: delivery.Dispatch
+    _report_processed: bool
+
+    def _work(
+        self,
+        lease: Lease,
+        bounds: Mapping[ShardKey, int | None] | None,
+        window: Window | None = None,
+        defer: bool = False,
+    ) -> tuple[DrainStats, Pending | None]:
+        """Deliver the claimed shards window by window (the first one may be read with
+        the claim already); release each once it is done. With `defer`, the last round
+        is returned unsettled (`behind`) when nothing went wrong delivering it."""
+        stats = DrainStats(shards=len(lease.shards))
+        if not lease.shards:
+            return stats, None
+        holding = Holding(self.backend, self.model, lease)
+        keeper = LeaseKeeper.get()
+        keeper.hold(holding)
+        active = list(lease.shards)
+        pending = None
+        try:
+            while active and not self.stop.is_set():
+                if window is None:
+                    with collector_paused():
+                        window = self.backend.read_window(self.model, active, self._window_rows())
+                reached = cut_at_bounds(window, bounds) if bounds else set()
+                round_ = Round()
+                delivered = False
+                try:
+                    self._deliver(window, holding, round_)
+                    delivered = defer
+                finally:
+                    failed = {failure.shard for failure in round_.failures}
+                    done = done_shards(active, window, reached, failed)
+                    finished = {*done, *failed, *round_.lost}
+                    if delivered and all(key in finished for key in active):
+                        pending = self._defer(lease, round_, done, holding, stats)
+                    else:
+                        self._settle(lease, round_, done, stats)
+                if pending is not None:
+                    break  # the lease keeps its shards and renewal until settled
+                finished = {*done, *failed, *round_.lost}
+                active = [key for key in active if key not in finished]
+                lease.shards = [key for key in lease.shards if key not in finished]
+                window = None
+        finally:
+            if pending is None:
+                keeper.drop(holding)
+                self._release_remaining(lease)
+        return stats, pending
+
+    def _window_rows(self) -> int:
+        return outbox_settings.BATCH_ROWS
+
+    def _release_remaining(self, lease: Lease) -> None:
+        if not lease.shards:
+            return
+        try:
+            retrying(lambda: self.backend.release(self.model, lease, lease.shards))
+            lease.shards = []
+        except Exception:
+            # The leases expire by themselves; the error that brought us here matters more.
+            logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
+
+    def _deliver(self, window: Window, holding: Holding, round_: Round) -> None:
+        # Receivers and lifecycle listeners are looked up once per window.
+        self._report_processed = events.wants_processed(self.model)
+        self._dispatch = delivery.Dispatch(self.model, self.using, timed=self._report_processed)
+        stop, overdue_after = self.stop, holding.lease.seconds / 2  # see Holding
+        for shard, groups in window.shards.items():
+            for group in groups:
+                if stop.is_set():
+                    return
+                if time.monotonic() - holding.renewed_at >= overdue_after:  # checked inline:
+                    self._confirm_lease(holding)  # once per message, on the hot path
+                if shard in holding.lost:
+                    round_.lost.add(shard)
+                    break
+                if group.message is None:
+                    break  # removed by an operator meanwhile; the next read sees the rest
+                if not self._deliver_group(group, holding, round_):
+                    break
+
+    def _confirm_lease(self, holding: Holding) -> None:
+        """Before the next receiver call: if the lease may have lapsed since its last
+        renewal (a receiver ran past the deadline, so the keeper stopped renewing it, or
+        the keeper fell behind), renew it here first. Shards another worker took
+        meanwhile are lost: their rows, read before, may be delivered and gone already."""
+        if not holding.renewal_overdue(time.monotonic()):
+            return
+        held = retrying(lambda: self.backend.renew(self.model, holding.lease))
+        holding.renewed_at = time.monotonic()
+        holding.lost.update(key for key in holding.lease.shards if key not in held)
+
+    def _deliver_group(self, group: Group, holding: Holding, round_: Round) -> bool:
+        """Deliver one group; False when its shard must stop here."""
+        lease = holding.lease
+        started = holding.receiver_started = time.monotonic()
+        try:
+            retired_inline = self._dispatch.send(
+                group, lambda: not self._retire_now(lease, {group.shard: group.row_ids}, round_)
+            )
+        except delivery.LeaseLost:
+            round_.receiver_calls += 1
+            round_.lost.add(group.shard)
+            return False
+        except Exception as exc:
+            round_.receiver_calls += isinstance(exc, delivery.DeliveryFailed)
+            return self._failed(group, exc, round_)
+        finally:
+            holding.receiver_started = None
+        round_.receiver_calls += 1
+        round_.groups_delivered += 1
+        if not retired_inline:
+            round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
+        if self._report_processed:
+            timings = dict(self._dispatch.timings or ())
+            duration = time.monotonic() - started
+            events.send_processed(self.model, group, duration, self.using, timings)
+        return True
+
+    def _failed(self, group: Group, exc: Exception, round_: Round) -> bool:
+        """Record a failed group; True when its shard goes on (the group is dead)."""
+        failed, dead = judge(self.model, group, exc, self.using)
+        (round_.dead if dead else round_.failures).append(failed)
+        return dead
+
+    def _retire_now(
+        self, lease: Lease, row_ids: dict[ShardKey, list[int]], round_: Round
+    ) -> set[ShardKey]:
+        """Delete a group's rows inside its transactional receiver's transaction."""
+        settled = self.backend.settle(self.model, lease, Settlement(delivered=row_ids))
+        if not settled.lost:
+            round_.retired_inline += settled.deleted
+        return set(settled.lost)
+
+    def _settle(self, lease: Lease, round_: Round, done: list[ShardKey], stats: DrainStats) -> None:
+        settlement = Settlement(
+            delivered=round_.delivered, failed=round_.failures, release=done, dead=round_.dead
+        )
+        settled = retrying(lambda: self.backend.settle(self.model, lease, settlement))
+        round_.lost.update(settled.lost)
+        events.leases_lost(self.model, round_.lost, self.using)
+        round_.add_to(stats, settled.deleted)
+
+    def _defer(
+        self, lease: Lease, round_: Round, done: list[ShardKey], holding: Holding, stats: DrainStats
+    ) -> Pending:
+        """The round, to settle later, counted now as if it deleted what it delivered."""
+        settlement = Settlement(
+            delivered=round_.delivered, failed=round_.failures, release=done, dead=round_.dead
+        )
+        expected = sum(len(row_ids) for row_ids in round_.delivered.values())
+        round_.add_to(stats, expected)
+        return Pending(lease, round_, settlement, expected, holding)

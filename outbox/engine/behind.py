@@ -1,0 +1,156 @@
+"""Settling a delivered batch on a thread of its own while the drain works on the next.
+
+A drain that finds another batch to work on hands the settle of the batch it has just
+delivered (delete its rows, record its failures, release its shards) to one background
+thread with a database connection of its own, and reads and delivers the next batch
+meanwhile: the database deletes while Python delivers. At most one settle is in flight;
+the drain waits for it before handing over another one, and before it returns, so a
+drain's statistics and its effects are complete on return.
+
+Nothing about the shards changes meanwhile: they stay leased (and renewed) until their
+settle releases them, so no worker, this one included, claims them in between, and the
+settle is guarded by the lease as always. A process killed before the settle commits
+redelivers that batch, as one killed just before a synchronous settle would.
+
+Only backends that say so (`OutboxBackend.settles_behind`: the fast paths of PostgreSQL
+and MariaDB) do this, and only while `OUTBOX_SETTLE_IN_BACKGROUND` is on. The thread
+and its connection last one drain and are opened only once a second batch is found.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from django.db import connections
+
+import outbox.engine.events as events
+from outbox.backends.base import Lease, OutboxBackend, Settlement, SettleResult
+from outbox.engine.keeper import Holding, LeaseKeeper
+from outbox.engine.rounds import retrying
+from outbox.engine.stats import DrainStats, Round
+from outbox.models import OutboxBase
+
+logger = logging.getLogger("outbox.engine")
+
+
+@dataclass
+class Pending:
+    """A batch's last round, delivered and not settled yet: already counted into the
+    drain's statistics as if its settle deleted `expected` rows; its lease is still
+    renewed (`holding`) and still lists the shards being settled."""
+
+    lease: Lease
+    round: Round
+    settlement: Settlement
+    expected: int
+    holding: Holding
+
+
+class SettleBehind:
+    """Settles one drain's batches on a background thread, one at a time."""
+
+    def __init__(self, backend: OutboxBackend, model: type[OutboxBase], using: str) -> None:
+        self.backend = backend
+        self.model = model
+        self.using = using
+        self._thread: _Thread | None = None
+        self._in_flight: tuple[Pending, Future[SettleResult]] | None = None
+
+    def submit(self, pending: Pending, stats: DrainStats) -> None:
+        """Settle `pending` in the background, once the settle in flight is done (and
+        counted into `stats`)."""
+        self.wait(stats)
+        if self._thread is None:
+            self._thread = _Thread()
+        self._in_flight = (pending, self._thread.run(lambda: self._settle(pending)))
+
+    def settle_now(self, pending: Pending, stats: DrainStats) -> None:
+        """Settle `pending` in this thread (the drain's last batch)."""
+        future: Future[SettleResult] = Future()
+        try:
+            future.set_result(self._settle(pending))
+        except BaseException as exc:
+            future.set_exception(exc)
+        self._count(pending, future, stats)
+
+    def wait(self, stats: DrainStats) -> None:
+        """Wait for the settle in flight, if any, and count it into `stats`; raises
+        what the settle raised."""
+        if self._in_flight is not None:
+            pending, future = self._in_flight
+            self._in_flight = None
+            self._count(pending, future, stats)
+
+    def close(self, stats: DrainStats) -> None:
+        """Wait for the settle in flight, then end the thread, closing its connection."""
+        thread, self._thread = self._thread, None
+        try:
+            self.wait(stats)
+        finally:
+            if thread is not None:
+                thread.stop()
+
+    def _settle(self, pending: Pending) -> SettleResult:
+        return retrying(lambda: self.backend.settle(self.model, pending.lease, pending.settlement))
+
+    def _count(self, pending: Pending, future: Future[SettleResult], stats: DrainStats) -> None:
+        """Let the batch's lease go; correct `stats` by what its settle did, or raise
+        what it raised once the shards are released (as a failed settle in the drain's
+        own thread leaves them)."""
+        LeaseKeeper.get().drop(pending.holding)
+        try:
+            settled = future.result()
+        except BaseException:
+            self._release(pending.lease)
+            raise
+        lost = pending.round.lost
+        lost_before = len(lost)
+        lost.update(settled.lost)
+        events.leases_lost(self.model, lost, self.using)
+        stats.rows_retired += settled.deleted - pending.expected
+        stats.leases_lost += len(lost) - lost_before
+
+    def _release(self, lease: Lease) -> None:
+        try:
+            retrying(lambda: self.backend.release(self.model, lease, lease.shards))
+        except Exception:
+            # The leases expire by themselves; the settle's error matters more.
+            logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
+
+
+class _Thread:
+    """One daemon thread running one job at a time, on connections of its own: a settle
+    in flight never holds up the process's exit (it rolls back, and is redelivered)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[[], SettleResult], Future[SettleResult]] | None
+        ]
+        self._jobs = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="outbox-settle", daemon=True)
+        self._thread.start()
+
+    def run(self, job: Callable[[], SettleResult]) -> Future[SettleResult]:
+        future: Future[SettleResult] = Future()
+        self._jobs.put((job, future))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _work(self) -> None:
+        try:
+            while (item := self._jobs.get()) is not None:
+                job, future = item
+                try:
+                    future.set_result(job())
+                except BaseException as exc:
+                    future.set_exception(exc)
+        finally:
+            connections.close_all()  # this thread's own connections

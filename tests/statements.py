@@ -1,0 +1,29 @@
+"""Capturing the statements a drain sends on every connection it uses."""
+
+import threading
+from contextlib import contextmanager
+
+from django.db import connection
+from django.db.backends.signals import connection_created
+
+
+@contextmanager
+def statements_by_thread():
+    """The statements run on the default database, by the name of the thread that ran
+    them: on this thread's connection and on any connection opened meanwhile."""
+    seen: list[tuple[str, str]] = []
+
+    def record(execute, sql, params, many, context):
+        seen.append((threading.current_thread().name, sql.split(None, 1)[0].upper()))
+        return execute(sql, params, many, context)
+
+    def opened(sender, connection, **kwargs):
+        if connection.alias == "default":
+            connection.execute_wrappers.append(record)
+
+    connection_created.connect(opened)
+    try:
+        with connection.execute_wrapper(record):
+            yield seen
+    finally:
+        connection_created.disconnect(opened)
