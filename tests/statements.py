@@ -12,6 +12,7 @@ def statements_by_thread():
     """The statements run on the default database, by the name of the thread that ran
     them: on this thread's connection and on any connection opened meanwhile."""
     seen: list[tuple[str, str]] = []
+    wrapped = []
 
     def record(execute, sql, params, many, context):
         seen.append((threading.current_thread().name, sql.split(None, 1)[0].upper()))
@@ -20,6 +21,7 @@ def statements_by_thread():
     def opened(sender, connection, **kwargs):
         if connection.alias == "default":
             connection.execute_wrappers.append(record)
+            wrapped.append(connection)
 
     connection_created.connect(opened)
     try:
@@ -27,3 +29,6 @@ def statements_by_thread():
             yield seen
     finally:
         connection_created.disconnect(opened)
+        for other in wrapped:  # a connection kept open by a thread (the lease keeper's)
+            if record in other.execute_wrappers:
+                other.execute_wrappers.remove(record)

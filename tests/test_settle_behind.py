@@ -2,13 +2,15 @@
 thread of its own while it works on the next one (`outbox.engine.behind`)."""
 
 import threading
+import time
 from collections import Counter
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection, connections, transaction
 
 from outbox.backends import get_backend
 from outbox.engine import drain_outboxes
+from outbox.engine.keeper import LeaseKeeper
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
@@ -36,11 +38,12 @@ def backlog(settings):
     return write
 
 
-def open_connections():
+def client_connections():
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND backend_type = 'client backend'"
             )
         else:
             cursor.execute(
@@ -49,9 +52,18 @@ def open_connections():
         return cursor.fetchone()[0]
 
 
+def settles_to(count, seconds=5.0):
+    """The count of client connections, once it reaches `count` (a server ends a
+    closed connection's session a moment after the client closed it)."""
+    deadline = time.monotonic() + seconds
+    while (now := client_connections()) != count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return now
+
+
 def test_a_backlog_is_settled_behind_with_the_same_statements(backlog, calls, settings):
     backlog(35)  # batches of 10, 10, 10 and 5 shards
-    before = open_connections()
+    before = client_connections()
     with statements_by_thread() as behind:
         stats = drain_outboxes([RegionOutbox])
     assert (stats.shards, stats.receiver_calls, stats.rows_retired) == (35, 35, 35)
@@ -61,7 +73,7 @@ def test_a_backlog_is_settled_behind_with_the_same_statements(backlog, calls, se
     # thread, each while the batch after it runs; the last one (not full) by the drain.
     settled_behind = [sql for name, sql in behind if name.startswith("outbox-settle")]
     assert len(settled_behind) >= 2, behind
-    assert open_connections() == before  # the thread's connection is closed
+    assert settles_to(before) == before  # the thread's connection is closed
 
     backlog(35)
     settings.OUTBOX_SETTLE_IN_BACKGROUND = False
@@ -104,3 +116,77 @@ def test_a_lease_lost_before_a_settle_behind_is_counted_and_redelivered(backlog,
     delivered = Counter(c["shard_identifier"] for c in calls.calls)
     assert delivered[25] == 2 and all(delivered[n] == 1 for n in range(40) if n != 25)
     assert stats.rows_retired == 40 and not RegionOutbox.objects.exists()
+
+
+def test_a_row_written_to_a_shard_whose_settle_is_in_flight_is_delivered_by_the_same_drain(
+    backlog, calls
+):
+    # Batches of 10, 10, 10 and 5 shards: the third (shards 20-29) is settled on the
+    # thread while the last one runs. Its delete of shard 25's row waits for a lock
+    # held a second, so the drain's next claim finds shard 25 still leased; the drain
+    # must wait for that settle and look again, since shard 25 got a row meanwhile.
+    backlog(35)
+    locked = threading.Event()
+
+    def hold_row_lock(row_id):
+        with transaction.atomic():
+            RegionOutbox.objects.select_for_update().filter(id=row_id).exists()
+            locked.set()
+            time.sleep(1.0)
+        connections.close_all()
+
+    def write_newer(sender, kwargs):
+        if kwargs["shard_identifier"] == 25 and kwargs["object_identifier"] == 25:
+            row_id = RegionOutbox.objects.get(shard_identifier=25).id
+            threading.Thread(target=hold_row_lock, args=(row_id,)).start()
+            locked.wait(5)
+            RegionOutboxFactory(shard_identifier=25, object_identifier=99, payload={"v": 2})
+
+    calls.during_call = write_newer
+    stats = drain_outboxes([RegionOutbox])
+    assert stats.receiver_calls == 36
+    assert [c["payload"] for c in calls.calls if c["object_identifier"] == 99] == [{"v": 2}]
+    assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()
+
+
+@pytest.fixture
+def refused_delete():
+    """The database refuses to delete shard 25's rows (a trigger), until the test ends."""
+    if connection.vendor == "postgresql":
+        create = [
+            """CREATE FUNCTION outbox_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN IF OLD.shard_identifier = 25 THEN RAISE EXCEPTION 'refused'; END IF;
+               RETURN OLD; END $$""",
+            """CREATE TRIGGER outbox_test_refuse BEFORE DELETE ON outbox_regionoutbox
+               FOR EACH ROW EXECUTE FUNCTION outbox_test_refuse()""",
+        ]
+        drop = [
+            "DROP TRIGGER outbox_test_refuse ON outbox_regionoutbox",
+            "DROP FUNCTION outbox_test_refuse()",
+        ]
+    else:
+        create = [
+            """CREATE TRIGGER outbox_test_refuse BEFORE DELETE ON outbox_regionoutbox
+               FOR EACH ROW BEGIN IF OLD.shard_identifier = 25 THEN
+               SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused'; END IF; END"""
+        ]
+        drop = ["DROP TRIGGER outbox_test_refuse"]
+    with connection.cursor() as cursor:
+        for statement in create:
+            cursor.execute(statement)
+    yield
+    with connection.cursor() as cursor:
+        for statement in drop:
+            cursor.execute(statement)
+
+
+def test_a_settle_behind_that_fails_releases_its_shards_and_raises(backlog, calls, refused_delete):
+    backlog(40)  # shard 25 is in the third batch, settled on the thread
+    with pytest.raises(DatabaseError, match="refused"):
+        drain_outboxes([RegionOutbox])
+    # Nothing stays leased (the keeper renews nothing), and only the batch whose settle
+    # failed keeps its rows, to be delivered again.
+    assert not LeaseKeeper.get()._holdings
+    assert not ShardLease.objects.exists()
+    left = set(RegionOutbox.objects.values_list("shard_identifier", flat=True))
+    assert left == set(range(20, 30))

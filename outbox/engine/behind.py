@@ -19,6 +19,7 @@ and its connection last one drain and are opened only once a second batch is fou
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import queue
 import threading
@@ -61,22 +62,24 @@ class SettleBehind:
         self._thread: _Thread | None = None
         self._in_flight: tuple[Pending, Future[SettleResult]] | None = None
 
+    @property
+    def busy(self) -> bool:
+        return self._in_flight is not None
+
     def submit(self, pending: Pending, stats: DrainStats) -> None:
         """Settle `pending` in the background, once the settle in flight is done (and
-        counted into `stats`)."""
+        counted into `stats`; if it failed, this raises and `pending` is not taken)."""
         self.wait(stats)
         if self._thread is None:
             self._thread = _Thread()
         self._in_flight = (pending, self._thread.run(lambda: self._settle(pending)))
 
     def settle_now(self, pending: Pending, stats: DrainStats) -> None:
-        """Settle `pending` in this thread (the drain's last batch)."""
-        future: Future[SettleResult] = Future()
+        """Settle `pending` in this thread, after the settle in flight (if any)."""
         try:
-            future.set_result(self._settle(pending))
-        except BaseException as exc:
-            future.set_exception(exc)
-        self._count(pending, future, stats)
+            self.wait(stats)
+        finally:
+            self._count(pending, self._settle(pending), stats)
 
     def wait(self, stats: DrainStats) -> None:
         """Wait for the settle in flight, if any, and count it into `stats`; raises
@@ -84,30 +87,47 @@ class SettleBehind:
         if self._in_flight is not None:
             pending, future = self._in_flight
             self._in_flight = None
-            self._count(pending, future, stats)
+            self._count(pending, future.result(), stats)
 
-    def close(self, stats: DrainStats) -> None:
-        """Wait for the settle in flight, then end the thread, closing its connection."""
+    def catch_up(self, stats: DrainStats, pending: Pending | None = None) -> None:
+        """Settle `pending` now, after the settle in flight: every batch delivered so
+        far is then settled and its shards released."""
+        if pending is not None:
+            self.settle_now(pending, stats)
+        else:
+            self.wait(stats)
+
+    def close(self, stats: DrainStats, pending: Pending | None = None) -> None:
+        """`catch_up`, then end the thread and close its connection."""
         thread, self._thread = self._thread, None
         try:
-            self.wait(stats)
+            self.catch_up(stats, pending)
         finally:
             if thread is not None:
                 thread.stop()
 
-    def _settle(self, pending: Pending) -> SettleResult:
-        return retrying(lambda: self.backend.settle(self.model, pending.lease, pending.settlement))
-
-    def _count(self, pending: Pending, future: Future[SettleResult], stats: DrainStats) -> None:
-        """Let the batch's lease go; correct `stats` by what its settle did, or raise
-        what it raised once the shards are released (as a failed settle in the drain's
-        own thread leaves them)."""
-        LeaseKeeper.get().drop(pending.holding)
+    def abandon(self, pending: Pending | None) -> None:
+        """`close` while an error propagates: whatever fails here is logged, not raised."""
         try:
-            settled = future.result()
+            self.close(DrainStats(), pending)
+        except Exception:
+            logger.warning("outbox could not settle a batch after an error", exc_info=True)
+
+    def _settle(self, pending: Pending) -> SettleResult:
+        """Settle the batch, then let its lease go: the keeper renews it until here. A
+        settle that fails releases the shards, as a failed settle in the drain's own
+        thread leaves them, before the error reaches the drain."""
+        try:
+            lease = pending.lease
+            return retrying(lambda: self.backend.settle(self.model, lease, pending.settlement))
         except BaseException:
             self._release(pending.lease)
             raise
+        finally:
+            LeaseKeeper.get().drop(pending.holding)
+
+    def _count(self, pending: Pending, settled: SettleResult, stats: DrainStats) -> None:
+        """Correct `stats` by what the settle did (it was counted as `expected`)."""
         lost = pending.round.lost
         lost_before = len(lost)
         lost.update(settled.lost)
@@ -136,8 +156,10 @@ class _Thread:
         self._thread.start()
 
     def run(self, job: Callable[[], SettleResult]) -> Future[SettleResult]:
+        """Run `job` in the caller's context (tracing spans, say) on the thread."""
         future: Future[SettleResult] = Future()
-        self._jobs.put((job, future))
+        context = contextvars.copy_context()
+        self._jobs.put((lambda: context.run(job), future))
         return future
 
     def stop(self) -> None:

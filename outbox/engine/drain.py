@@ -20,7 +20,8 @@ def drain_outboxes(
     stop: threading.Event | None = None,
 ) -> DrainStats:
     """Drain every due shard of the given tables (all of them by default) once, in the
-    calling thread: no thread, no signals, no graceful timeout."""
+    calling thread: no signals, no graceful timeout (a backlog's settles may run on a
+    helper thread meanwhile; all are done on return)."""
     stats = DrainStats()
     for model in models or outbox_models():
         drainer = Drainer(model, using, scopes=scopes, identifiers=identifiers, stop=stop)

@@ -68,11 +68,7 @@ class Drainer(BatchWorker):
         behind = None
         if outbox_settings.SETTLE_IN_BACKGROUND and self.backend.settles_behind:
             behind = SettleBehind(self.backend, self.model, self.using)
-        try:
-            self._batches(stats, deadline, behind)
-        finally:
-            if behind is not None:
-                behind.close(stats)
+        self._batches(stats, deadline, behind)
         stats.seconds = time.monotonic() - started
         return stats
 
@@ -87,14 +83,22 @@ class Drainer(BatchWorker):
         pending: Pending | None = None  # the last batch, delivered, not settled yet
         try:
             while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                if behind is not None and behind.busy and not full_in_a_row:
+                    behind.wait(stats)  # the backlog looks done: release its last shards
                 lease = self._claim(self._new_lease(), limit)
-                if pending is not None:
-                    assert behind is not None  # only `behind` defers
+                if not lease.shards and behind is not None and (pending or behind.busy):
+                    # Shards still being settled were leased to that claim: settle
+                    # them, then look again (rows may have come meanwhile).
                     last, pending = pending, None
-                    if not lease.shards:  # its shards were still leased to that claim:
-                        behind.settle_now(last, stats)  # settle it, then look again
-                        continue
-                    behind.submit(last, stats)  # settled while this batch runs
+                    behind.catch_up(stats, last)
+                    continue
+                if pending is not None and behind is not None:
+                    try:
+                        behind.submit(pending, stats)  # settled while this batch runs
+                    except BaseException:
+                        self._release_remaining(lease)  # never worked
+                        raise
+                    pending = None
                 if not lease.shards:
                     break
                 full_in_a_row = full_in_a_row + 1 if len(lease.shards) >= limit else 0
@@ -104,18 +108,15 @@ class Drainer(BatchWorker):
                 limit = shard_budget(self.backend.wide_batches, batch)
                 # A batch whose shards all came back empty (drained by someone else a
                 # moment ago) is no progress; never spin on those.
-                progressed = (
-                    batch.receiver_calls
-                    or batch.rows_retired
-                    or batch.failures
-                    or batch.dead_lettered
-                )
-                idle_rounds = 0 if progressed else idle_rounds + 1
+                idle_rounds = 0 if batch.progressed else idle_rounds + 1
                 if idle_rounds >= 3:
                     break
-        finally:
-            if pending is not None and behind is not None:
-                behind.settle_now(pending, stats)
+        except BaseException:
+            if behind is not None:
+                behind.abandon(pending)  # what it cannot settle is logged
+            raise
+        if behind is not None:
+            behind.close(stats, pending)
 
     def drain_shards(self, shards: Sequence[ShardKey]) -> DrainStats:
         """Drain these shards completely, where they are due and nobody holds them.

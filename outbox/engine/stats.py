@@ -21,6 +21,11 @@ class DrainStats:
     failed_keys: list[ShardKey] = field(default_factory=list)
 
     @property
+    def progressed(self) -> bool:
+        """Whether anything was delivered, retired, failed or given up."""
+        return bool(self.receiver_calls or self.rows_retired or self.failures or self.dead_lettered)
+
+    @property
     def coalesced(self) -> int:
         """Rows retired without a receiver call of their own (older rows of a group)."""
         return max(self.rows_retired - self.groups_delivered, 0)
