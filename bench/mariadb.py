@@ -6,7 +6,8 @@ its database, then for each shape (ordered streams, one message per shard) loads
 same rows before each contender and drains them, one contender after the other:
 
 - raw limit (`bench/contenders/mariadb_raw.py`): MySQLdb alone, the same batch, a trivial
-  function per row; the faster of a `FOR UPDATE SKIP LOCKED` claim + DELETE + COMMIT and
+  function per row given the decoded payload (as psycopg decodes it on PostgreSQL); the
+  faster of a `FOR UPDATE SKIP LOCKED` claim + DELETE + COMMIT and
   one `DELETE ... ORDER BY id LIMIT n RETURNING` per batch (MariaDB cannot DELETE by a
   subquery with LIMIT);
 - leased floor (`raw_leased` there): that SKIP LOCKED loop plus one `ShardLease` row per

@@ -1,8 +1,11 @@
 """MariaDB's raw-SQL loops, for the MariaDB section (`bench/mariadb.py`).
 
 Plain MySQLdb on a connection of its own (the parameters Django would use), the same
-batch as the engine, a trivial function called per row. No Django beyond reading table
-names, no ordering across batches, no coalescing, no retries.
+batch as the engine, a trivial function called per row with the row's payload decoded
+(`json.loads`): MySQLdb returns a JSON column as text, where psycopg hands the raw loops
+on PostgreSQL the decoded value, so both limits deliver what a receiver is given. No
+Django beyond reading table names, no ordering across batches, no coalescing, no
+retries.
 
 - `raw_skip_locked`: per batch, one transaction claims the next due rows in id order
   `FOR UPDATE SKIP LOCKED`, deletes them by id and commits: the semantics of
@@ -25,6 +28,7 @@ names, no ordering across batches, no coalescing, no retries.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -36,6 +40,11 @@ COLUMNS = "id, shard_scope, shard_identifier, category, object_identifier, paylo
 
 def _receive(*row: Any) -> None:
     """The raw loops' receiver: does nothing, like the bench receivers."""
+
+
+def _deliver(row: tuple[Any, ...]) -> None:
+    """Call the receiver with the row's payload decoded, as psycopg decodes jsonb."""
+    _receive(*row[:-1], json.loads(row[-1]))
 
 
 def _raw_connection() -> Any:
@@ -86,7 +95,7 @@ def raw_skip_locked(budget: float, batch_rows: int) -> dict[str, Any]:
         conn.commit()
         statements += 3
         for row in batch:
-            _receive(*row)
+            _deliver(row)
         rows += len(batch)
     conn.close()
     return _result(rows, statements, complete)
@@ -114,7 +123,7 @@ def raw_delete_returning(budget: float, batch_rows: int) -> dict[str, Any]:
             complete = True
             break
         for row in batch:
-            _receive(*row)
+            _deliver(row)
         rows += len(batch)
     conn.close()
     return _result(rows, statements, complete)
@@ -162,7 +171,7 @@ def raw_leased(budget: float, batch_rows: int) -> dict[str, Any]:
         conn.commit()
         delivered = [row for row in batch if (row[1], row[2]) in won]
         for row in delivered:
-            _receive(*row)
+            _deliver(row)
         ids = ",".join(str(row[0]) for row in delivered) or "NULL"
         cursor.execute(f"DELETE FROM `{outbox}` WHERE id IN ({ids})")
         cursor.execute(f"DELETE FROM `{lease}` WHERE token = %s", [token])
