@@ -17,7 +17,7 @@ def column_converter(model: type[Model], name: str, connection: BaseDatabaseWrap
     column = model._meta.get_field(name).get_col(model._meta.db_table)  # type: ignore[union-attr]
     converters = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
     if not converters:
-        return _as_is
+        return as_is
 
     def convert(value: Any) -> Any:
         for function in converters:
@@ -27,5 +27,6 @@ def column_converter(model: type[Model], name: str, connection: BaseDatabaseWrap
     return convert
 
 
-def _as_is(value: Any) -> Any:
+def as_is(value: Any) -> Any:
+    """The converter of a column Django loads as the driver returns it."""
     return value

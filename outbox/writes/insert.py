@@ -39,9 +39,11 @@ from django.db.models import (
 )
 from django.db.models.expressions import DatabaseDefault
 
-from outbox.columns import Convert, column_converter
+from outbox.columns import Convert, as_is, column_converter
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
     from outbox.models import OutboxBase
 
 Snapshot = dict[str, Any]  # a held row's field values by attname; the payload as JSON text
@@ -65,8 +67,9 @@ class _Plan:
     columns: tuple[tuple[str, Field[Any, Any], int, bool], ...]
     head: str  # INSERT INTO "table" ("a", "b", ...) VALUES
     tail: str  # RETURNING "id", the columns with a database default
-    returned: tuple[tuple[str, Convert], ...]  # (attname, converter) per returned column
-    timestamps: frozenset[int]  # positions of the returned timestamptz columns
+    returned: tuple[str, ...]  # the attnames of the returned columns, in order
+    timestamps: tuple[str, ...]  # those of them that are timestamptz (PostgreSQL)
+    converted: tuple[tuple[str, Convert], ...]  # those with converters: (attname, them)
     # Left to bulk_create: a field computes or renders its own value at save time
     # (pre_save, get_placeholder), or the key is not one the database assigns.
     compiled_elsewhere: bool
@@ -80,6 +83,7 @@ def _plan(model: type[OutboxBase], using: str) -> _Plan:
     fields = tuple(f for f in meta.concrete_fields if not f.primary_key)
     returned = (meta.pk, *(f for f in fields if f.db_default is not NOT_PROVIDED))
     columns = ", ".join(quote(str(f.column)) for f in fields)
+    converters = ((f.attname, column_converter(model, f.name, connection)) for f in returned)
     return _Plan(
         columns=tuple(
             (f.attname, f, _kind(f), type(f).__module__.startswith("django.db.models.fields"))
@@ -87,13 +91,14 @@ def _plan(model: type[OutboxBase], using: str) -> _Plan:
         ),
         head=f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ",
         tail=" RETURNING " + ", ".join(quote(str(f.column)) for f in returned),
-        returned=tuple((f.attname, column_converter(model, f.name, connection)) for f in returned),
-        timestamps=frozenset(
-            index
-            for index, f in enumerate(returned)
+        returned=tuple(f.attname for f in returned),
+        timestamps=tuple(
+            f.attname
+            for f in returned
             if connection.vendor == "postgresql"
             and f.db_type(connection) == "timestamp with time zone"
         ),
+        converted=tuple((name, convert) for name, convert in converters if convert is not as_is),
         # A payload field of the project's own (a JSONField subclass) makes its own
         # parameter from the decoded payload: bulk_create's.
         compiled_elsewhere=any(not _plain(f) for f in fields)
@@ -135,30 +140,12 @@ def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> li
     if plan.compiled_elsewhere:
         return None
     connection = connections[using]
-    values: list[str] = []
     params: list[Any] = []
+    values = []
     for snapshot in snapshots:
-        marks = []
-        for attname, field, kind, none_is_null in plan.columns:
-            value = snapshot[attname]
-            if value is None and none_is_null:
-                marks.append("NULL")
-            elif isinstance(value, DatabaseDefault):
-                marks.append("DEFAULT")
-            elif kind == _INTEGER and isinstance(value, int) and not isinstance(value, bool):
-                marks.append(str(int(value)))  # an int renders only digits and a sign
-            elif kind == _TEXT and value == "":
-                marks.append("''")
-            elif kind == _JSON_TEXT and value == "null":
-                marks.append("NULL")  # a payload of None: SQL NULL, as Django stores it
-            elif kind == _JSON_TEXT:
-                marks.append("%s")
-                params.append(value)  # the JSON text validation made
-            elif hasattr(value, "resolve_expression"):
-                return None
-            else:
-                marks.append("%s")
-                params.append(field.get_db_prep_save(value, connection))
+        marks = _marks(plan, snapshot, params, connection)
+        if marks is None:
+            return None
         values.append(f"({', '.join(marks)})")
     sql = plan.head + ", ".join(values) + plan.tail
     with connection.cursor() as cursor:
@@ -166,22 +153,59 @@ def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> li
             _load_timestamps_in_c(cursor.cursor)
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    timezone = connection.timezone if plan.timestamps else None
-    return [
-        {
-            attname: convert(_as_django_loads(value, index in plan.timestamps, timezone))
-            for index, ((attname, convert), value) in enumerate(
-                zip(plan.returned, row, strict=True)
-            )
-        }
-        for row in rows
-    ]
+    return _returned(plan, rows, connection.timezone if plan.timestamps else None)
 
 
-def _as_django_loads(value: Any, timestamp: bool, timezone: Any) -> Any:
-    """A timestamp as Django's own loader leaves it: the session's wall time (which is the
-    connection's time zone) with the connection's tzinfo, or naive without USE_TZ."""
-    return value.replace(tzinfo=timezone) if timestamp and value is not None else value
+def _marks(
+    plan: _Plan, snapshot: Snapshot, params: list[Any], connection: BaseDatabaseWrapper
+) -> list[str] | None:
+    """How each value of one row goes into the statement (its parameters are added to
+    `params`); None for a value that is an expression. Runs once per column of every
+    held row, so the usual values (ints, None, '', a database default) are decided by
+    their class alone."""
+    marks = []
+    for attname, field, kind, none_is_null in plan.columns:
+        value = snapshot[attname]
+        cls = value.__class__
+        if value is None and none_is_null:
+            marks.append("NULL")
+        elif cls is DatabaseDefault:
+            marks.append("DEFAULT")
+        elif kind == _INTEGER and cls is not bool and isinstance(value, int):
+            marks.append(str(int(value)))  # an int renders only digits and a sign
+        elif kind == _TEXT and value == "":
+            marks.append("''")
+        elif kind == _JSON_TEXT:
+            if value == "null":
+                marks.append("NULL")  # a payload of None: SQL NULL, as Django stores it
+            else:
+                marks.append("%s")
+                params.append(value)  # the JSON text validation made
+        elif isinstance(value, DatabaseDefault):
+            marks.append("DEFAULT")
+        elif hasattr(value, "resolve_expression"):
+            return None
+        else:
+            marks.append("%s")
+            params.append(field.get_db_prep_save(value, connection))
+    return marks
+
+
+def _returned(plan: _Plan, rows: list[Any], timezone: Any) -> list[Snapshot]:
+    """Per returned row, its values by attname as Django would have loaded them: a
+    timestamp in the session's wall time (which is the connection's time zone) with the
+    connection's tzinfo, or naive without USE_TZ; then the fields' converters."""
+    written = []
+    for row in rows:
+        values = dict(zip(plan.returned, row, strict=True))
+        for attname in plan.timestamps:
+            value = values[attname]
+            if value is not None:
+                values[attname] = value.replace(tzinfo=timezone)
+        for attname, convert in plan.converted:
+            values[attname] = convert(values[attname])
+        written.append(values)
+    return written
 
 
 def _load_timestamps_in_c(cursor: Any) -> None:
