@@ -294,3 +294,35 @@ def test_every_kind_of_value_is_stored_as_an_immediate_insert_stores_it():
     stored = [[getattr(rows[pk], name) for name in columns] for pk in (held.pk, direct.pk)]
     assert stored[0] == stored[1]
     assert stored[0][2:] == list(values.values())
+
+
+def test_writes_go_on_after_the_connection_is_closed_and_after_a_refused_insert():
+    """The writer keeps a cursor per driver connection: a new connection gets its own,
+    and an INSERT the database refused leaves the next transaction's write intact."""
+    with outbox_context(transaction.atomic(), flush=False):
+        first = RegionOutboxFactory(payload={"v": 1})
+    connection.close()
+    with outbox_context(transaction.atomic(), flush=False):
+        second = RegionOutboxFactory(payload={"v": 2})
+    expected = [{"v": 1}, {"v": 2}, {"v": 4}]
+    if connection.vendor != "sqlite":  # SQLite cannot add a CHECK to a table
+        table = RegionOutbox._meta.db_table
+        with connection.cursor() as cursor:
+            check = "CHECK (object_identifier <> 999)"
+            cursor.execute(f"ALTER TABLE {table} ADD CONSTRAINT outbox_test_refuse {check}")
+        try:
+            with (
+                pytest.raises(DatabaseError),
+                outbox_context(transaction.atomic(), flush=False),
+            ):
+                RegionOutboxFactory(payload={"v": 3}, object_identifier=999)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute(f"ALTER TABLE {table} DROP CONSTRAINT outbox_test_refuse")
+    with outbox_context(transaction.atomic(), flush=False):
+        third = RegionOutboxFactory(payload={"v": 4})
+    assert [first.pk, second.pk, third.pk] == list(
+        RegionOutbox.objects.order_by("id").values_list("pk", flat=True)
+    )
+    assert payloads() == expected
+    assert third.date_added.tzinfo is not None

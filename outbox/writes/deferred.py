@@ -148,9 +148,9 @@ class HeldRows:
         # by hand (`insert`), since the COMMIT rides along on PostgreSQL only.
         head, tail = snapshots[:-LAST_STATEMENT_ROWS], snapshots[-LAST_STATEMENT_ROWS:]
         written = self._bulk_create(model, head) if head else []
-        with self.connection.execute_wrapper(commit_wrapper):
-            returned = insert(model, tail, self.using)
-            if returned is None:
+        returned = insert(model, tail, self.using, commit_wrapper)
+        if returned is None:
+            with self.connection.execute_wrapper(commit_wrapper):
                 returned = self._bulk_create(model, tail, batch_size=len(tail))
         return written + returned
 

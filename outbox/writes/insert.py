@@ -13,6 +13,11 @@ primary key and the database defaults, converted as a queryset would convert the
 flushed row is gone by the time anything could read them back). Used only where the
 COMMIT can ride along (PostgreSQL with client-side binding, whose multi-row
 `INSERT ... RETURNING` returns rows in the order given).
+
+It runs on one psycopg cursor kept per driver connection, wrapped in Django's cursor
+wrapper for each statement (so query logging and execute wrappers see it as usual):
+making a cursor and teaching it to load timestamps in C cost a one-row write more than
+rendering its statement does.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from django.db import connections
 from django.db.models import (
@@ -131,11 +137,15 @@ def _plain(field: Field[Any, Any]) -> bool:
     return pre_save is Field.pre_save
 
 
-def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> list[Snapshot] | None:
+def insert(
+    model: type[OutboxBase], snapshots: list[Snapshot], using: str, wrapper: Any = None
+) -> list[Snapshot] | None:
     """INSERT the held rows of `snapshots` (new rows of `model`) in one statement; return,
     per row, its primary key and database defaults by attname, converted as a queryset
     converts them. None, with nothing sent, when a value is an expression (`Now()`,
-    `F(...)`) or a field computes or renders its own value: those are `bulk_create`'s."""
+    `F(...)`) or a field computes or renders its own value: those are `bulk_create`'s.
+    `wrapper`, an execute wrapper, is applied to this statement alone (the one that
+    sends the COMMIT along)."""
     plan = _plan(model, using)
     if plan.compiled_elsewhere:
         return None
@@ -148,11 +158,13 @@ def insert(model: type[OutboxBase], snapshots: list[Snapshot], using: str) -> li
             return None
         values.append(f"({', '.join(marks)})")
     sql = plan.head + ", ".join(values) + plan.tail
-    with connection.cursor() as cursor:
-        if plan.timestamps:
-            _load_timestamps_in_c(cursor.cursor)
+    cursor = _cursor(connection)
+    if wrapper is None:
         cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    else:
+        run = lambda sql, params, many, context: cursor.execute(sql, params)  # noqa: E731
+        wrapper(run, sql, params, False, {"connection": connection, "cursor": cursor})
+    rows = cursor.fetchall()
     return _returned(plan, rows, connection.timezone if plan.timestamps else None)
 
 
@@ -208,11 +220,24 @@ def _returned(plan: _Plan, rows: list[Any], timezone: Any) -> list[Snapshot]:
     return written
 
 
-def _load_timestamps_in_c(cursor: Any) -> None:
-    """Load timestamptz on this psycopg cursor with psycopg's own loader (its C version
-    where installed) instead of Django's, a Python subclass that costs a returned row
-    more than the rest of its statement's Python; `insert` then sets the tzinfo as
-    Django's loader does."""
+# Per psycopg connection, the cursor `insert` runs on.
+_kept: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
+
+
+def _cursor(connection: BaseDatabaseWrapper) -> Any:
+    """Django's cursor wrapper around the cursor kept for the connection's driver
+    connection, made on first use. It loads timestamptz with psycopg's own loader (its C
+    version where installed) instead of Django's, a Python subclass that costs a
+    returned row more than the rest of its statement's Python; `_returned` then sets
+    the tzinfo as Django's loader does."""
     from psycopg.types.datetime import TimestamptzLoader
 
-    cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+    connection.ensure_connection()
+    driver = connection.connection
+    kept = _kept.get(driver)
+    if kept is None or kept.closed:
+        kept = _kept[driver] = driver.cursor()
+        kept.adapters.register_loader("timestamptz", TimestamptzLoader)
+    if connection.queries_logged:
+        return connection.make_debug_cursor(kept)
+    return connection.make_cursor(kept)
