@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
+_BIGINT = (BIGINT_MIN, BIGINT_MAX)
 
 # MariaDB's JSON_VALID (the CHECK of its JSON columns) refuses 32 levels of nesting.
 MAX_PAYLOAD_DEPTH = 31
@@ -40,27 +41,34 @@ _CONTAINERS = (dict, list, tuple)
 def validate_message(row: OutboxBase) -> str:
     """Raise InvalidOutboxMessage, naming the problem, if the row must not be saved;
     else return its payload as JSON text, encoded with the payload field's encoder."""
-    model = type(row)
-    for field in _INTEGER_FIELDS:
-        _check_integer(row, field, *_column_range(model, field))
-    for field in model.shard_fields:
+    integers, texts = _columns(type(row))
+    for field, low, high in integers:
+        _check_integer(row, field, low, high)
+    for field in texts:
         _check_text(row, field)
     registry.check_pair(row.shard_scope, row.category)
     return _check_payload(row)
 
 
 @cache
-def _column_range(model: type[OutboxBase], field: str) -> tuple[int, int]:
-    """The values every supported database stores in this integer column."""
+def _columns(
+    model: type[OutboxBase],
+) -> tuple[tuple[tuple[str, int, int], ...], tuple[str, ...]]:
+    """The integer columns checked, each with the values every supported database
+    stores in it; and the shard columns that are not among them (region_name)."""
     from django.db.backends.base.operations import BaseDatabaseOperations
 
-    kind = model._meta.get_field(field).get_internal_type()
-    return BaseDatabaseOperations.integer_field_ranges.get(kind, (BIGINT_MIN, BIGINT_MAX))
+    ranges = BaseDatabaseOperations.integer_field_ranges
+    integers = tuple(
+        (field, *ranges.get(model._meta.get_field(field).get_internal_type(), _BIGINT))
+        for field in _INTEGER_FIELDS
+    )
+    return integers, tuple(f for f in model.shard_fields if f not in _INTEGER_FIELDS)
 
 
 def _check_integer(row: OutboxBase, field: str, low: int, high: int) -> None:
     value = getattr(row, field)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if value.__class__ is not int and (isinstance(value, bool) or not isinstance(value, int)):
         raise InvalidOutboxMessage(f"{field} must be an integer, got {value!r}.")
     if not low <= value <= high:
         raise InvalidOutboxMessage(
