@@ -20,7 +20,7 @@ from outbox.engine.behind import Pending
 from outbox.engine.collector import collector_paused
 from outbox.engine.failures import judge
 from outbox.engine.keeper import Holding, LeaseKeeper
-from outbox.engine.rounds import cut_at_bounds, done_shards, retrying
+from outbox.engine.rounds import cut_at_bounds, done_shards, release_quietly, retrying
 from outbox.engine.stats import DrainStats, Round
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
@@ -91,14 +91,8 @@ class BatchWorker:
         return outbox_settings.BATCH_ROWS
 
     def _release_remaining(self, lease: Lease) -> None:
-        if not lease.shards:
-            return
-        try:
-            retrying(lambda: self.backend.release(self.model, lease, lease.shards))
+        if lease.shards and release_quietly(self.backend, self.model, lease):
             lease.shards = []
-        except Exception:
-            # The leases expire by themselves; the error that brought us here matters more.
-            logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
 
     def _deliver(self, window: Window, holding: Holding, round_: Round) -> None:
         # Receivers and lifecycle listeners are looked up once per window.
@@ -173,9 +167,7 @@ class BatchWorker:
         return set(settled.lost)
 
     def _settle(self, lease: Lease, round_: Round, done: list[ShardKey], stats: DrainStats) -> None:
-        settlement = Settlement(
-            delivered=round_.delivered, failed=round_.failures, release=done, dead=round_.dead
-        )
+        settlement = round_.settlement(done)
         settled = retrying(lambda: self.backend.settle(self.model, lease, settlement))
         round_.lost.update(settled.lost)
         events.leases_lost(self.model, round_.lost, self.using)
@@ -185,9 +177,7 @@ class BatchWorker:
         self, lease: Lease, round_: Round, done: list[ShardKey], holding: Holding, stats: DrainStats
     ) -> Pending:
         """The round, to settle later, counted now as if it deleted what it delivered."""
-        settlement = Settlement(
-            delivered=round_.delivered, failed=round_.failures, release=done, dead=round_.dead
-        )
+        settlement = round_.settlement(done)
         expected = sum(len(row_ids) for row_ids in round_.delivered.values())
         round_.add_to(stats, expected)
         return Pending(lease, round_, settlement, expected, holding)

@@ -32,7 +32,7 @@ from django.db import connections
 import outbox.engine.events as events
 from outbox.backends.base import Lease, OutboxBackend, Settlement, SettleResult
 from outbox.engine.keeper import Holding, LeaseKeeper
-from outbox.engine.rounds import retrying
+from outbox.engine.rounds import release_quietly, retrying
 from outbox.engine.stats import DrainStats, Round
 from outbox.models import OutboxBase
 
@@ -121,7 +121,7 @@ class SettleBehind:
             lease = pending.lease
             return retrying(lambda: self.backend.settle(self.model, lease, pending.settlement))
         except BaseException:
-            self._release(pending.lease)
+            release_quietly(self.backend, self.model, pending.lease)
             raise
         finally:
             LeaseKeeper.get().drop(pending.holding)
@@ -134,13 +134,6 @@ class SettleBehind:
         events.leases_lost(self.model, lost, self.using)
         stats.rows_retired += settled.deleted - pending.expected
         stats.leases_lost += len(lost) - lost_before
-
-    def _release(self, lease: Lease) -> None:
-        try:
-            retrying(lambda: self.backend.release(self.model, lease, lease.shards))
-        except Exception:
-            # The leases expire by themselves; the settle's error matters more.
-            logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
 
 
 class _Thread:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from outbox.backends.base import Window
+from outbox.backends.base import Lease, OutboxBackend, Window
 from outbox.backends.errors import is_transient_lock_error
 from outbox.conf import outbox_settings
 from outbox.engine.stats import DrainStats
+from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger("outbox.engine")
 
 
 def retrying(operation: Callable[[], _T]) -> _T:
@@ -25,6 +29,18 @@ def retrying(operation: Callable[[], _T]) -> _T:
                 raise
             time.sleep(0.01 * 2**attempt)
     raise AssertionError("unreachable")
+
+
+def release_quietly(backend: OutboxBackend, model: type[OutboxBase], lease: Lease) -> bool:
+    """Release the lease's shards, retrying lock errors; False, with a warning logged,
+    if that failed: the leases expire by themselves, and the error that brought the
+    caller here matters more."""
+    try:
+        retrying(lambda: backend.release(model, lease, lease.shards))
+    except Exception:
+        logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
+        return False
+    return True
 
 
 def cut_at_bounds(window: Window, bounds: Mapping[ShardKey, int | None]) -> set[ShardKey]:

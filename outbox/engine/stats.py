@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from outbox.backends.base import FailedGroup
+from outbox.backends.base import FailedGroup, Settlement
 from outbox.shards import ShardKey
 
 
@@ -63,6 +63,13 @@ class Round:
     receiver_calls: int = 0
     groups_delivered: int = 0
     retired_inline: int = 0
+
+    def settlement(self, done: list[ShardKey]) -> Settlement:
+        """What settling this round does: delete what it delivered, record its failures
+        and dead letters, and release the shards in `done`."""
+        return Settlement(
+            delivered=self.delivered, failed=self.failures, release=done, dead=self.dead
+        )
 
     def add_to(self, stats: DrainStats, deleted: int) -> None:
         """Count this round, whose settlement deleted `deleted` rows, into `stats`."""
