@@ -2,6 +2,9 @@
 once, in save order, only if their transaction and savepoints survive, and with the
 COMMIT in one round trip on PostgreSQL."""
 
+import gc
+import weakref
+
 import pytest
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
@@ -301,9 +304,14 @@ def test_writes_go_on_after_the_connection_is_closed_and_after_a_refused_insert(
     and an INSERT the database refused leaves the next transaction's write intact."""
     with outbox_context(transaction.atomic(), flush=False):
         first = RegionOutboxFactory(payload={"v": 1})
+    postgres = connection.vendor == "postgresql"  # where the writer keeps a cursor
+    closed = weakref.ref(connection.connection) if postgres else None
     connection.close()
     with outbox_context(transaction.atomic(), flush=False):
         second = RegionOutboxFactory(payload={"v": 2})
+    if closed is not None:
+        gc.collect()
+        assert closed() is None  # nothing the writer keeps holds on to the old connection
     expected = [{"v": 1}, {"v": 2}, {"v": 4}]
     if connection.vendor != "sqlite":  # SQLite cannot add a CHECK to a table
         table = RegionOutbox._meta.db_table

@@ -220,24 +220,27 @@ def _returned(plan: _Plan, rows: list[Any], timezone: Any) -> list[Snapshot]:
     return written
 
 
-# Per psycopg connection, the cursor `insert` runs on.
-_kept: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
+# Per Django connection, the driver connection it had and the cursor `insert` runs on.
+# Keyed by Django's wrapper, not the driver connection: the cursor refers to the driver
+# connection, and a weak key its own value keeps alive would never be dropped.
+_kept: WeakKeyDictionary[BaseDatabaseWrapper, tuple[Any, Any]] = WeakKeyDictionary()
 
 
 def _cursor(connection: BaseDatabaseWrapper) -> Any:
     """Django's cursor wrapper around the cursor kept for the connection's driver
-    connection, made on first use. It loads timestamptz with psycopg's own loader (its C
-    version where installed) instead of Django's, a Python subclass that costs a
-    returned row more than the rest of its statement's Python; `_returned` then sets
-    the tzinfo as Django's loader does."""
+    connection, made on first use and again after a reconnect. It loads timestamptz with
+    psycopg's own loader (its C version where installed) instead of Django's, a Python
+    subclass that costs a returned row more than the rest of its statement's Python;
+    `_returned` then sets the tzinfo as Django's loader does."""
     from psycopg.types.datetime import TimestamptzLoader
 
     connection.ensure_connection()
     driver = connection.connection
-    kept = _kept.get(driver)
-    if kept is None or kept.closed:
-        kept = _kept[driver] = driver.cursor()
+    driver_then, kept = _kept.get(connection, (None, None))
+    if driver_then is not driver or kept.closed:
+        kept = driver.cursor()
         kept.adapters.register_loader("timestamptz", TimestamptzLoader)
+        _kept[connection] = (driver, kept)
     if connection.queries_logged:
         return connection.make_debug_cursor(kept)
     return connection.make_cursor(kept)
