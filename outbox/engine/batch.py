@@ -7,7 +7,6 @@ each group, settle each round (or hand the last one back to be settled behind).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -24,8 +23,6 @@ from outbox.engine.rounds import cut_at_bounds, done_shards, release_quietly, re
 from outbox.engine.stats import DrainStats, Round
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
-
-logger = logging.getLogger("outbox.engine")
 
 
 class BatchWorker:
