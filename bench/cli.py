@@ -230,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                 "sync flush: p50 {p50_ms:.2f} ms, p99 {p99_ms:.2f} ms; "
                 "{p50_over_floor:.2f}x its floor".format(**data["sync_flush"]),
             )
+            log(
+                started,
+                "sync flush, prepared: p50 {p50_ms:.2f} ms, p99 {p99_ms:.2f} ms; "
+                "{p50_over_floor:.2f}x its floor".format(**data["sync_flush"]["prepared"]),
+            )
         if "write" in sections:
             data["write_overhead"] = write_overhead.measure(
                 sizes.write_iterations, sizes.write_block, with_procrastinate

@@ -34,6 +34,14 @@ def other_lines(data: dict[str, Any]) -> list[str]:
                 f"p50 {floor['p50_ms']:.2f} ms, p99 {floor['p99_ms']:.2f} ms; ours ÷ floor "
                 f"p50 **{sync['p50_over_floor']:.2f}x**, p99 {sync['p99_over_floor']:.2f}x |"
             )
+        if "prepared" in sync:
+            prepared = sync["prepared"]
+            lines.append(
+                "| synchronous flush, `prepare_threshold` set (the engine prepares) | "
+                f"p50 **{prepared['p50_ms']:.2f} ms**, p99 **{prepared['p99_ms']:.2f} ms**; "
+                f"÷ floor p50 {prepared['p50_over_floor']:.2f}x, "
+                f"p99 {prepared['p99_over_floor']:.2f}x |"
+            )
     if "coalescing" in data:
         co = data["coalescing"]
         lines.append(

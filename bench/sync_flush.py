@@ -6,7 +6,9 @@ statement of the block; leaving the block commits, and the engine's on_commit fl
 calls the receiver, which notes `time.perf_counter()` too (`bench.receivers`). The
 difference is commit + flush: lease the shard and read it (one statement on PostgreSQL),
 call. Shards rotate over 100 identifiers; every flush must have delivered its row before
-the next iteration.
+the next iteration. It is measured twice: with Django's defaults, and on a connection
+whose OPTIONS set `prepare_threshold` (the engine then prepares its statements, and the
+claim is planned once: `outbox/backends/postgres_prepared.py`).
 
 Its floor, measured in the same run and in alternating blocks: psycopg alone on its own
 connection, the same row INSERTed and COMMITted, then the leased floor's claim + read
@@ -35,25 +37,30 @@ def measure(iterations: int, warmup: int = 10, block: int = 50) -> dict[str, Any
     from bench.db import outbox_rows, reset
 
     reset()
-    ours: list[float] = []
-    floor: list[float] = []
-    ours_at, floor_at = _ours(), _floor()
-    for _ in range(warmup):
-        ours_at(0)
-        floor_at(0)
+    runs: dict[str, Callable[[int], float]] = {
+        "ours": _ours("default"),
+        "prepared": _ours("prepared"),
+        "floor": _floor(),
+    }
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for run in runs.values():
+        for _ in range(warmup):
+            run(0)
     done = 0
     while done < iterations:
         count = min(block, iterations - done)
-        ours += [ours_at(done + n) for n in range(count)]
-        floor += [floor_at(done + n) for n in range(count)]
+        for name, run in runs.items():
+            times[name] += [run(done + n) for n in range(count)]
         done += count
     left = outbox_rows()
     if left:
         raise RuntimeError(f"sync flush left {left} rows behind")
-    result = _summary(ours)
-    result["floor"] = _summary(floor)
-    result["p50_over_floor"] = result["p50_ms"] / result["floor"]["p50_ms"]
-    result["p99_over_floor"] = result["p99_ms"] / result["floor"]["p99_ms"]
+    result = _summary(times["ours"])
+    result["floor"] = floor = _summary(times["floor"])
+    result["prepared"] = prepared = _summary(times["prepared"])
+    for figures in (result, prepared):
+        figures["p50_over_floor"] = figures["p50_ms"] / floor["p50_ms"]
+        figures["p99_over_floor"] = figures["p99_ms"] / floor["p99_ms"]
     return result
 
 
@@ -69,7 +76,9 @@ def _summary(seconds: list[float]) -> dict[str, Any]:
     }
 
 
-def _ours() -> Callable[[int], float]:
+def _ours(using: str) -> Callable[[int], float]:
+    """`using`: "default" (Django's defaults) or "prepared", the same database with
+    `prepare_threshold` set, so that the engine prepares its statements."""
     from django.db import transaction
 
     from bench import receivers
@@ -82,14 +91,14 @@ def _ours() -> Callable[[int], float]:
 
     def flush_once(i: int) -> float:
         called = len(calls)
-        with outbox_context(transaction.atomic()):
+        with outbox_context(transaction.atomic(using=using)):
             RegionOutbox(
                 shard_scope=BenchScope.SYNC,
                 shard_identifier=i % 100 + 1,
                 category=BenchCategory.SYNC_FLUSH,
                 object_identifier=i,
                 payload={"iteration": i},
-            ).save()
+            ).save(using=using)
             before = time.perf_counter()
         if len(calls) != called + 1:
             raise RuntimeError(f"sync flush {i}: the receiver was not called once")

@@ -38,6 +38,10 @@ def _database(name: str) -> dict:
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
             "HOST": os.environ.get("PGHOST", "127.0.0.1"),
             "PORT": os.environ.get("PGPORT", "5432"),
+            # OUTBOX_TEST_PREPARED=1: the engine prepares its statements (at first use).
+            "OPTIONS": (
+                {"prepare_threshold": 0} if os.environ.get("OUTBOX_TEST_PREPARED") == "1" else {}
+            ),
         }
     if TEST_DB == "mariadb":
         return {

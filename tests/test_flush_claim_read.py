@@ -168,3 +168,36 @@ def test_under_repeatable_read_a_flush_claims_then_reads(calls, set_by):
     assert len(calls.calls) == 1
     # Claim, read, settle.
     assert len(engine_statements(captured)) == 3, engine_statements(captured)
+
+
+@pytest.mark.parametrize("threshold", [None, 0])
+def test_where_the_connection_prepares_statements_a_flush_claim_is_planned_once(calls, threshold):
+    """psycopg prepares statements on a connection whose OPTIONS set `prepare_threshold`
+    (Django leaves it None, for connection poolers). There the engine's statements are
+    prepared, and the claim of a one-shard flush gets a generic plan, made once instead
+    of at every flush (planning that statement costs more than running it). Without it,
+    nothing is prepared."""
+    fast_path()
+    options = connection.settings_dict["OPTIONS"]
+    saved = dict(options)
+    connection.close()  # a new session, without the statements of earlier tests
+    options["prepare_threshold"] = threshold
+    try:
+        for n in range(8):
+            row = RegionOutboxFactory(shard_identifier=1, object_identifier=n)
+            stats = Drainer(RegionOutbox).flush({row.shard_key: row.id})
+            assert (stats.shards, stats.rows_retired) == (1, 1)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement, generic_plans FROM pg_prepared_statements")
+            prepared = cursor.fetchall()
+    finally:
+        options.clear()
+        options.update(saved)
+        connection.close()
+    assert [call["object_identifier"] for call in calls.calls] == list(range(8))
+    if threshold is None:
+        assert prepared == []
+    else:
+        claims = [plans for sql, plans in prepared if "(VALUES ($" in sql]
+        # Eight flushes: PostgreSQL plans the first five, then keeps a generic plan.
+        assert len(claims) == 1 and claims[0] >= 2, prepared

@@ -36,6 +36,7 @@ from outbox.backends.base import (
 from outbox.backends.coalesce import coalesce
 from outbox.backends.convert import field_converter
 from outbox.backends.postgres_params import bound_params, key_arrays, settle_params
+from outbox.backends.postgres_prepared import prepared_cursor
 from outbox.backends.postgres_sql import statements
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
@@ -86,9 +87,14 @@ class PostgresBackend(OutboxBackend):
         self._decoders: dict[type[OutboxBase], Callable[[Any], Any]] = {}
 
     def _fetch(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(sql, params)
-            return list(cursor.fetchall())
+        connection = connections[self.using]
+        cursor = prepared_cursor(connection)
+        if cursor is None:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return list(cursor.fetchall())
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
 
     def claim(
         self, model: type[OutboxBase], lease: Lease, where: ShardFilter, limit: int
@@ -143,9 +149,15 @@ class PostgresBackend(OutboxBackend):
         per_shard = _share(len(shards), limit)
         sql = statements(model)
         timed = message_processed.has_listeners(model)
-        params = _claim_params(model, lease, ShardFilter(shards=tuple(shards)), len(shards))
+        if len(shards) == 1:  # the usual flush: its own statement (`postgres_prepared`)
+            params = _claim_params(model, lease, ShardFilter(), 1)
+            params.update(bound_params("key", shards[0]))
+            statement = sql.claim_key_read_timed if timed else sql.claim_key_read
+        else:
+            params = _claim_params(model, lease, ShardFilter(shards=tuple(shards)), len(shards))
+            statement = sql.claim_keys_read_timed if timed else sql.claim_keys_read
         params["per_shard"] = per_shard
-        rows = self._fetch(sql.claim_keys_read_timed if timed else sql.claim_keys_read, params)
+        rows = self._fetch(statement, params)
         lease.shards = sorted({ShardKey(*row[:3]) for row in rows})
         row_id = 3 + len(model.shard_fields)  # NULL: a won shard with no row to read
         read = [row[3:] for row in rows if row[row_id] is not None]
@@ -221,8 +233,7 @@ class PostgresBackend(OutboxBackend):
             "scopes_in": scopes_in,
             "identifiers_in": identifiers_in,
         }
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(statements(model).release, params)
+        self._fetch(statements(model).release, params)
 
 
 def _claim_params(

@@ -21,13 +21,15 @@ class Statements:
     claim_keys: str  # of the given keys, claim the due, free ones
     claim_keys_read: str  # the same, and read the won shards' first rows (locked)
     claim_keys_read_timed: str  # the same, with the newest rows' date_added
+    claim_key_read: str  # claim_keys_read for one key, given as scalars
+    claim_key_read_timed: str  # the same, with the newest rows' date_added
     read_window: str  # the first rows of each claimed shard, payload only for the newest
     read_window_timed: str  # the same, with the newest rows' date_added (for the lag)
     settle: str  # delete delivered rows, reschedule failed ones, back off, release
     settle_released: str  # the same when nothing failed or died and every shard
     # delivered to is finished
     renew: str  # extend a lease, returning the shards still held
-    release: str  # drop a lease on some shards
+    release: str  # drop a lease on some shards (a row per shard let go)
 
 
 @cache
@@ -103,13 +105,20 @@ class _Renderer(SettleSql):
         names = ["region", "scope", "identifier"] if self.has_region else ["scope", "identifier"]
         return ", ".join(f"%({prefix}_{name})s" for name in names)
 
-    def given_keys(self) -> str:
+    def given_keys(self, single: bool = False) -> str:
+        """The given keys that are due and free: three arrays, or (`single`) one key as
+        three scalars, whose generic plan, unlike the arrays', costs what a planned one
+        does (see `postgres_prepared`)."""
+        keys = (
+            "(VALUES (%(key_region)s::text, %(key_scope)s::integer, %(key_identifier)s::bigint))"
+            if single
+            else """unnest(%(regions)s::text[], %(scopes_in)s::integer[],
+                            %(identifiers_in)s::bigint[])"""
+        )
         return f"""
             due AS (
                 SELECT k.*, lease."id" AS lease_id
-                FROM unnest(%(regions)s::text[], %(scopes_in)s::integer[],
-                            %(identifiers_in)s::bigint[])
-                    AS k(region_name, shard_scope, shard_identifier)
+                FROM {keys} AS k(region_name, shard_scope, shard_identifier)
                     {self.lease_of("k")}
                 WHERE {self.due_filter("k")} AND {self.lease_free()}
             )"""
@@ -193,7 +202,7 @@ class _Renderer(SettleSql):
             WINDOW newest_of_group AS (PARTITION BY {cols}, r."category", r."object_identifier")
             ORDER BY {cols}, r."id\""""
 
-    def claim_and_read(self, timed: bool = False) -> str:
+    def claim_and_read(self, timed: bool = False, single: bool = False) -> str:
         """Claim the given keys, then read the shards won, in one statement: each won
         key, then its row (NULLs for a shard with no row to read).
 
@@ -204,7 +213,7 @@ class _Renderer(SettleSql):
         a deleted row is skipped, a changed one is read again. Right only under READ
         COMMITTED; the backend checks."""
         return f"""
-            WITH {self.given_keys()}, {self.claim_steps()},
+            WITH {self.given_keys(single)}, {self.claim_steps()},
             won AS (SELECT * FROM retaken UNION ALL SELECT * FROM fresh)
             SELECT w."region_name", w."shard_scope", w."shard_identifier", r.*
             FROM won w LEFT JOIN LATERAL (
@@ -224,6 +233,8 @@ class _Renderer(SettleSql):
             claim_keys=f"WITH {self.given_keys()}, {claim}",
             claim_keys_read=self.claim_and_read(),
             claim_keys_read_timed=self.claim_and_read(timed=True),
+            claim_key_read=self.claim_and_read(single=True),
+            claim_key_read_timed=self.claim_and_read(timed=True, single=True),
             read_window=self.read_window(),
             read_window_timed=self.read_window(timed=True),
             settle=self.settle(),
@@ -239,5 +250,6 @@ class _Renderer(SettleSql):
                              %(identifiers_in)s::bigint[])
                     AS r(region_name, shard_scope, shard_identifier)
                 WHERE l."outbox" = %(label)s AND l."token" = %(token)s
-                  AND {self.same_lease("l", "r")}""",
+                  AND {self.same_lease("l", "r")}
+                RETURNING 1""",
         )

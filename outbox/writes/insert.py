@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
-from weakref import WeakKeyDictionary
 
 from django.db import connections
 from django.db.models import (
@@ -46,6 +45,7 @@ from django.db.models import (
 from django.db.models.expressions import DatabaseDefault
 
 from outbox.columns import Convert, as_is, column_converter
+from outbox.cursors import kept_cursor
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -220,27 +220,17 @@ def _returned(plan: _Plan, rows: list[Any], timezone: Any) -> list[Snapshot]:
     return written
 
 
-# Per Django connection, the driver connection it had and the cursor `insert` runs on.
-# Keyed by Django's wrapper, not the driver connection: the cursor refers to the driver
-# connection, and a weak key its own value keeps alive would never be dropped.
-_kept: WeakKeyDictionary[BaseDatabaseWrapper, tuple[Any, Any]] = WeakKeyDictionary()
-
-
 def _cursor(connection: BaseDatabaseWrapper) -> Any:
-    """Django's cursor wrapper around the cursor kept for the connection's driver
-    connection, made on first use and again after a reconnect. It loads timestamptz with
-    psycopg's own loader (its C version where installed) instead of Django's, a Python
-    subclass that costs a returned row more than the rest of its statement's Python;
-    `_returned` then sets the tzinfo as Django's loader does."""
+    """The cursor `insert` runs on, kept for the connection (`outbox.cursors`). It loads
+    timestamptz with psycopg's own loader (its C version where installed) instead of
+    Django's, a Python subclass that costs a returned row more than the rest of its
+    statement's Python; `_returned` then sets the tzinfo as Django's loader does."""
+    return kept_cursor(connection, "insert", _make_cursor)
+
+
+def _make_cursor(driver: Any) -> Any:
     from psycopg.types.datetime import TimestamptzLoader
 
-    connection.ensure_connection()
-    driver = connection.connection
-    driver_then, kept = _kept.get(connection, (None, None))
-    if driver_then is not driver or kept.closed:
-        kept = driver.cursor()
-        kept.adapters.register_loader("timestamptz", TimestamptzLoader)
-        _kept[connection] = (driver, kept)
-    if connection.queries_logged:
-        return connection.make_debug_cursor(kept)
-    return connection.make_cursor(kept)
+    cursor = driver.cursor()
+    cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+    return cursor

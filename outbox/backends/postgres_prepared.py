@@ -1,0 +1,43 @@
+"""Prepared statements for the PostgreSQL fast path, where the connection allows them.
+
+Django leaves psycopg's prepared statements off (`prepare_threshold` None), since a
+transaction-pooling proxy (PgBouncer before 1.21) may send a statement prepared on one
+server session to another. Where the `OPTIONS` of a database set `prepare_threshold`,
+the engine runs its statements on a server-side binding cursor of its own (kept per
+connection, `outbox.cursors`), so psycopg prepares each one after that many executions
+on the connection, whether or not Django binds the project's own queries server-side.
+
+A prepared statement is parsed once, and, once PostgreSQL judges a generic plan no
+dearer than planning each call, planned once: planning the claim of a synchronous flush
+costs more than running it. The single-shard claim (`claim_key_read`) takes its key as
+scalars so that its generic plan costs the same as a planned one and is chosen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from outbox.cursors import kept_cursor
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+def prepared_cursor(connection: BaseDatabaseWrapper) -> Any | None:
+    """The engine's server-side binding cursor on this connection, or None where its
+    driver connection does not prepare statements (Django's default; psycopg 2), and
+    while Django logs queries (DEBUG, `CaptureQueriesContext`): Django's log reads the
+    SQL of a client-side binding connection from psycopg's client-side cursor, so the
+    statements then run on Django's own cursor, to be logged with their SQL."""
+    connection.ensure_connection()
+    if connection.queries_logged:
+        return None
+    if getattr(connection.connection, "prepare_threshold", None) is None:
+        return None
+    return kept_cursor(connection, "engine", _server_side)
+
+
+def _server_side(driver: Any) -> Any:
+    import psycopg
+
+    return psycopg.Cursor(driver)
