@@ -2,12 +2,14 @@
 once, in save order, only if their transaction and savepoints survive, and with the
 COMMIT in one round trip on PostgreSQL."""
 
+import contextvars
 import gc
+import threading
 import weakref
 
 import pytest
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -138,6 +140,32 @@ def test_rows_are_written_at_once_where_the_context_does_not_own_the_commit(how)
         with transaction.atomic():
             write()
     assert RegionOutbox.objects.count() == 1
+
+
+@pytest.mark.skipif(
+    connection.vendor == "sqlite",
+    reason="on SQLite a second connection waits for the block's write lock",
+)
+def test_a_thread_given_a_copy_of_the_context_writes_at_once_on_its_own_connection():
+    """A thread run in a copy of the context (as asgiref's sync_to_async runs one) sees
+    the block's outbox_context but has a connection of its own, outside the block's
+    transaction: its save INSERTs at once, as Model.save does there, instead of being
+    held for a commit that is not its own."""
+    saved = {}
+
+    def save_in_thread() -> None:
+        try:
+            saved["pk"] = RegionOutboxFactory(payload={"from": "thread"}).pk
+        finally:
+            connections.close_all()
+
+    with outbox_context(transaction.atomic(), flush=False):
+        RegionOutboxFactory(payload={"from": "block"})
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(save_in_thread,))
+        thread.start()
+        thread.join(10)
+        assert saved["pk"] is not None
+    assert payloads() == [{"from": "thread"}, {"from": "block"}]
 
 
 def test_each_database_holds_its_own_rows(calls):
