@@ -73,44 +73,18 @@ def lease_row(key, token, expires_at):
     )
 
 
-def wait_for_a_lock_wait(timeout=10.0):
-    """Until some session of this database waits for a lock (our flush)."""
-    deadline = time.monotonic() + timeout
-    with connections["default"].cursor() as cursor:
-        while time.monotonic() < deadline:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            if cursor.fetchone()[0]:
-                return
-            time.sleep(0.01)
-    raise AssertionError("the flush never waited for the other worker's settle")
-
-
-@pytest.mark.parametrize("settled_as", ["delivered", "dead"])
-def test_a_row_settled_by_a_worker_that_let_go_while_the_flush_ran_is_not_read(calls, settled_as):
-    """Another worker whose lease lapsed (still its holder: nobody took it over) settles
-    the shard's only row and releases the shard. Its settle is under way when the
-    flush's statement begins, so that statement's snapshot still shows the row, and it
-    commits while the flush waits to insert its lease. The flush then wins the shard;
-    it must not deliver the row the other worker delivered, or gave up as dead."""
-    fast_path()
-    row = RegionOutboxFactory(shard_identifier=1)
-    lease = lease_row(row.shard_key, token="theirs", expires_at=timezone.now() - timedelta(1))
-    settling, commit = threading.Event(), threading.Event()
+def flush_while_another_worker_holds(row, hold):
+    """Flush `row`'s shard while another worker, on its own connection, has run `hold`
+    in a transaction it has not committed yet; that worker commits once the flush waits
+    for one of its locks. Returns the flush's stats (the flush must not raise)."""
+    holding, commit = threading.Event(), threading.Event()
     outcome = {}
 
     def other_worker():
         try:
-            with transaction.atomic(), connections["default"].cursor() as cursor:
-                ShardLease.objects.select_for_update().get(pk=lease.pk)
-                if settled_as == "delivered":
-                    RegionOutbox.objects.filter(pk=row.pk).delete()
-                else:
-                    RegionOutbox.objects.filter(pk=row.pk).update(dead_at=timezone.now())
-                cursor.execute(f"DELETE FROM {ShardLease._meta.db_table} WHERE id = %s", [lease.pk])
-                settling.set()
+            with transaction.atomic():
+                hold()
+                holding.set()
                 assert commit.wait(10)
         finally:
             connections.close_all()
@@ -125,7 +99,7 @@ def test_a_row_settled_by_a_worker_that_let_go_while_the_flush_ran_is_not_read(c
 
     worker = threading.Thread(target=other_worker)
     worker.start()
-    assert settling.wait(10)
+    assert holding.wait(10)
     flusher = threading.Thread(target=flush)
     flusher.start()
     try:
@@ -135,7 +109,75 @@ def test_a_row_settled_by_a_worker_that_let_go_while_the_flush_ran_is_not_read(c
         worker.join(10)
         flusher.join(10)
     assert "error" not in outcome, outcome
-    assert outcome["stats"].shards == 1  # it won the shard, the other worker having let go
+    return outcome["stats"]
+
+
+def test_a_flush_takes_over_an_expired_lease(calls):
+    fast_path()
+    row = RegionOutboxFactory(shard_identifier=1)
+    lease_row(row.shard_key, token="theirs", expires_at=timezone.now() - timedelta(seconds=1))
+    stats = Drainer(RegionOutbox).flush({row.shard_key: row.id})
+    assert (stats.shards, stats.rows_retired) == (1, 1)
+    assert [call["object_identifier"] for call in calls.calls] == [row.object_identifier]
+    assert not ShardLease.objects.exists()
+
+
+def test_a_flush_waits_for_an_expired_lease_being_renewed_and_leaves_it(calls):
+    """The lease looked expired when the flush's statement began, but its holder is
+    renewing it: the flush waits for that, sees the renewed lease and does not take it
+    (two holders of one shard would deliver out of order)."""
+    fast_path()
+    row = RegionOutboxFactory(shard_identifier=1)
+    lease = lease_row(row.shard_key, token="theirs", expires_at=timezone.now() - timedelta(1))
+
+    def renew():
+        ShardLease.objects.filter(pk=lease.pk).update(
+            expires_at=timezone.now() + timedelta(minutes=1)
+        )
+
+    stats = flush_while_another_worker_holds(row, renew)
+    assert (stats.shards, calls.calls) == (0, [])
+    assert ShardLease.objects.get().token == "theirs"
+    assert RegionOutbox.objects.filter(pk=row.pk).exists()
+
+
+def wait_for_a_lock_wait(timeout=10.0):
+    """Until some session of this database waits for a lock (our flush)."""
+    deadline = time.monotonic() + timeout
+    with connections["default"].cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError("the flush never waited for the other worker")
+
+
+@pytest.mark.parametrize("settled_as", ["delivered", "dead"])
+def test_a_row_settled_by_a_worker_that_let_go_while_the_flush_ran_is_not_read(calls, settled_as):
+    """Another worker whose lease lapsed (still its holder: nobody took it over) settles
+    the shard's only row and releases the shard. Its settle is under way when the
+    flush's statement begins, so that statement's snapshot still shows the row, and it
+    commits while the flush waits to insert its lease. The flush then wins the shard;
+    it must not deliver the row the other worker delivered, or gave up as dead."""
+    fast_path()
+    row = RegionOutboxFactory(shard_identifier=1)
+    lease = lease_row(row.shard_key, token="theirs", expires_at=timezone.now() - timedelta(1))
+
+    def settle():
+        with connections["default"].cursor() as cursor:
+            ShardLease.objects.select_for_update().get(pk=lease.pk)
+            if settled_as == "delivered":
+                RegionOutbox.objects.filter(pk=row.pk).delete()
+            else:
+                RegionOutbox.objects.filter(pk=row.pk).update(dead_at=timezone.now())
+            cursor.execute(f"DELETE FROM {ShardLease._meta.db_table} WHERE id = %s", [lease.pk])
+
+    stats = flush_while_another_worker_holds(row, settle)
+    assert stats.shards == 1  # it won the shard, the other worker having let go
     assert calls.calls == []
     assert not ShardLease.objects.exists()
 
