@@ -86,9 +86,12 @@ class PostgresBackend(OutboxBackend):
         super().__init__(using)
         self._decoders: dict[type[OutboxBase], Callable[[Any], Any]] = {}
 
-    def _fetch(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
+    def _fetch(self, sql: str, params: Any, *, scalars: bool = False) -> list[tuple[Any, ...]]:
+        """Run one statement, on the engine's own cursor where the connection prepares
+        statements. Only a statement whose parameters are all `scalars` may be prepared
+        there (see `postgres_prepared`)."""
         connection = connections[self.using]
-        cursor = prepared_cursor(connection)
+        cursor = prepared_cursor(connection, scalars)
         if cursor is None:
             with connection.cursor() as cursor:
                 cursor.execute(sql, params)
@@ -157,7 +160,7 @@ class PostgresBackend(OutboxBackend):
             params = _claim_params(model, lease, ShardFilter(shards=tuple(shards)), len(shards))
             statement = sql.claim_keys_read_timed if timed else sql.claim_keys_read
         params["per_shard"] = per_shard
-        rows = self._fetch(statement, params)
+        rows = self._fetch(statement, params, scalars=len(shards) == 1)
         lease.shards = sorted({ShardKey(*row[:3]) for row in rows})
         row_id = 3 + len(model.shard_fields)  # NULL: a won shard with no row to read
         read = [row[3:] for row in rows if row[row_id] is not None]
@@ -220,7 +223,8 @@ class PostgresBackend(OutboxBackend):
 
     def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
         params = {"label": model._meta.label_lower, "token": lease.token, "seconds": lease.seconds}
-        return {ShardKey(*row) for row in self._fetch(statements(model).renew, params)}
+        won = self._fetch(statements(model).renew, params, scalars=True)
+        return {ShardKey(*row) for row in won}
 
     def release(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
         if not shards:
