@@ -124,13 +124,13 @@ class _Renderer(SettleSql):
 
     def claim_one(self) -> str:
         """One given key (three scalars), claimed by one upsert if it is due and its lease
-        is missing or expired; `won` returns it if won. A synchronous flush's claim: for
-        one key, parsing and planning `claim_steps` costs more than running it, several
-        times what this does (0.4-0.6 ms a flush). Unlike `claim_steps`, an expired lease
-        that another claimer has locked is waited for, not skipped, then looked at again:
-        taken over, it is not won; deleted, the key is inserted. A live lease is seen in
-        the snapshot and not touched. Its generic plan, unlike that of the arrays, costs
-        what a planned one does (see `postgres_prepared`)."""
+        is missing or expired; `won` returns it if won. A synchronous flush's claim:
+        PostgreSQL takes longer to parse and plan `claim_steps` than to run it for one
+        key, and this statement saves 0.4-0.6 ms of that a flush. Unlike `claim_steps`,
+        an expired lease that another claimer has locked is waited for, not skipped, then
+        looked at again: taken over, it is not won; deleted, the key is inserted. A lease
+        live in the statement's snapshot is not touched. Its generic plan, unlike that of
+        the arrays, costs what a planned one does (see `postgres_prepared`)."""
         return f"""
             won AS (
                 INSERT INTO {self.lease} AS l ("outbox", "region_name", "shard_scope",
