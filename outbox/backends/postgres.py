@@ -35,7 +35,12 @@ from outbox.backends.base import (
 )
 from outbox.backends.coalesce import coalesce
 from outbox.backends.convert import field_converter
-from outbox.backends.postgres_params import bound_params, key_arrays, settle_params
+from outbox.backends.postgres_params import (
+    bound_params,
+    claim_params,
+    key_arrays,
+    settle_params,
+)
 from outbox.backends.postgres_prepared import prepared_cursor
 from outbox.backends.postgres_sql import statements
 from outbox.models import OutboxBase
@@ -87,9 +92,8 @@ class PostgresBackend(OutboxBackend):
         self._decoders: dict[type[OutboxBase], Callable[[Any], Any]] = {}
 
     def _fetch(self, sql: str, params: Any, *, scalars: bool = False) -> list[tuple[Any, ...]]:
-        """Run one statement, on the engine's own cursor where the connection prepares
-        statements. Only a statement whose parameters are all `scalars` may be prepared
-        there (see `postgres_prepared`)."""
+        """Run one statement; only one with `scalars` alone may be prepared (see
+        `postgres_prepared`)."""
         connection = connections[self.using]
         cursor = prepared_cursor(connection, scalars)
         if cursor is None:
@@ -106,7 +110,7 @@ class PostgresBackend(OutboxBackend):
             lease.shards = []
             return lease.shards
         sql = statements(model)
-        params = _claim_params(model, lease, where, limit)
+        params = claim_params(model, lease, where, limit)
         if where.shards is not None:
             won = self._fetch(sql.claim_keys, params)
         elif where.after is None:
@@ -153,11 +157,11 @@ class PostgresBackend(OutboxBackend):
         sql = statements(model)
         timed = message_processed.has_listeners(model)
         if len(shards) == 1:  # the usual flush: its own statement (`postgres_prepared`)
-            params = _claim_params(model, lease, ShardFilter(), 1)
+            params = claim_params(model, lease, ShardFilter(), 1)
             params.update(bound_params("key", shards[0]))
             statement = sql.claim_key_read_timed if timed else sql.claim_key_read
         else:
-            params = _claim_params(model, lease, ShardFilter(shards=tuple(shards)), len(shards))
+            params = claim_params(model, lease, ShardFilter(shards=tuple(shards)), len(shards))
             statement = sql.claim_keys_read_timed if timed else sql.claim_keys_read
         params["per_shard"] = per_shard
         rows = self._fetch(statement, params, scalars=len(shards) == 1)
@@ -223,8 +227,7 @@ class PostgresBackend(OutboxBackend):
 
     def renew(self, model: type[OutboxBase], lease: Lease) -> set[ShardKey]:
         params = {"label": model._meta.label_lower, "token": lease.token, "seconds": lease.seconds}
-        won = self._fetch(statements(model).renew, params, scalars=True)
-        return {ShardKey(*row) for row in won}
+        return {ShardKey(*r) for r in self._fetch(statements(model).renew, params, scalars=True)}
 
     def release(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
         if not shards:
@@ -238,25 +241,6 @@ class PostgresBackend(OutboxBackend):
             "identifiers_in": identifiers_in,
         }
         self._fetch(statements(model).release, params)
-
-
-def _claim_params(
-    model: type[OutboxBase], lease: Lease, where: ShardFilter, limit: int
-) -> dict[str, Any]:
-    """The parameters of the claim statements (and of the given keys, if any)."""
-    params: dict[str, Any] = {
-        "label": model._meta.label_lower,
-        "limit": limit,
-        "scopes": list(where.scopes) if where.scopes else None,
-        "identifiers": list(where.identifiers) if where.identifiers else None,
-        "token": lease.token,
-        "holder": lease.holder,
-        "seconds": lease.seconds,
-    }
-    if where.shards is not None:
-        regions, scopes_in, identifiers_in = key_arrays(where.shards)
-        params.update(regions=regions, scopes_in=scopes_in, identifiers_in=identifiers_in)
-    return params
 
 
 def _share(shards: int, limit: int) -> int:

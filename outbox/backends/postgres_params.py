@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from outbox.backends.base import Lease, Settlement
+from outbox.backends.base import Lease, Settlement, ShardFilter
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
@@ -95,3 +95,22 @@ def settle_params(model: type[OutboxBase], lease: Lease, settlement: Settlement)
         **named_arrays("r", released or key_arrays(settlement.release)),
         "released_shards": len(set(settlement.release)),
     }
+
+
+def claim_params(
+    model: type[OutboxBase], lease: Lease, where: ShardFilter, limit: int
+) -> dict[str, Any]:
+    """The parameters of the claim statements (and of the given keys, if any)."""
+    params: dict[str, Any] = {
+        "label": model._meta.label_lower,
+        "limit": limit,
+        "scopes": list(where.scopes) if where.scopes else None,
+        "identifiers": list(where.identifiers) if where.identifiers else None,
+        "token": lease.token,
+        "holder": lease.holder,
+        "seconds": lease.seconds,
+    }
+    if where.shards is not None:
+        regions, scopes_in, identifiers_in = key_arrays(where.shards)
+        params.update(regions=regions, scopes_in=scopes_in, identifiers_in=identifiers_in)
+    return params
