@@ -156,7 +156,8 @@ class PostgresBackend(OutboxBackend):
         per_shard = _share(len(shards), limit)
         sql = statements(model)
         timed = message_processed.has_listeners(model)
-        if len(shards) == 1:  # the usual flush: its own statement (`postgres_prepared`)
+        one_key = len(shards) == 1  # the usual flush: its own statement (`postgres_prepared`)
+        if one_key:
             params = claim_params(model, lease, ShardFilter(), 1)
             params.update(bound_params("key", shards[0]))
             statement = sql.claim_key_read_timed if timed else sql.claim_key_read
@@ -164,7 +165,7 @@ class PostgresBackend(OutboxBackend):
             params = claim_params(model, lease, ShardFilter(shards=tuple(shards)), len(shards))
             statement = sql.claim_keys_read_timed if timed else sql.claim_keys_read
         params["per_shard"] = per_shard
-        rows = self._fetch(statement, params, scalars=len(shards) == 1)
+        rows = self._fetch(statement, params, scalars=one_key)
         lease.shards = sorted({ShardKey(*row[:3]) for row in rows})
         row_id = 3 + len(model.shard_fields)  # NULL: a won shard with no row to read
         read = [row[3:] for row in rows if row[row_id] is not None]

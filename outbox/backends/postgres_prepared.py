@@ -22,6 +22,7 @@ messages a second against 27-30k).
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from outbox.cursors import kept_cursor
@@ -55,10 +56,18 @@ def _server_side(driver: Any) -> Any:
 
 
 def _never_prepared(driver: Any) -> Any:
+    return _never_prepared_cursor_class()(driver)
+
+
+@cache
+def _never_prepared_cursor_class() -> type:
+    """A server-side binding cursor whose every execute is unprepared (Django's cursor
+    wrapper, around it, passes no `prepare` of its own). Made once, on first use:
+    psycopg is imported only where the engine prepares."""
     import psycopg
 
     class NeverPrepared(psycopg.Cursor[Any]):
         def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
             return super().execute(query, params, **{**options, "prepare": False})
 
-    return NeverPrepared(driver)
+    return NeverPrepared
