@@ -87,10 +87,11 @@ class OutboxSettings:
     )
     SETTLE_IN_BACKGROUND: Setting[bool] = Setting(
         True,
-        "On the fast paths of PostgreSQL and MariaDB: while a drain has another batch to "
-        "work on, settle the batch it has just delivered (delete its rows, release its "
-        "shards) on a thread with a database connection of its own, so the database "
-        "deletes while Python delivers. Off, a drain uses one connection only.",
+        "On the fast paths of PostgreSQL and MariaDB: while a drain works through a "
+        "backlog, settle the batch it has just delivered (delete its rows, release its "
+        "shards) on a thread with a database connection of its own, and claim the next "
+        "batch on another, so the database settles and claims while Python delivers. "
+        "Off, a drain uses one connection only.",
     )
     LOOP_INTERVAL_SECONDS: Setting[float] = Setting(
         1.0,

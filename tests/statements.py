@@ -8,14 +8,16 @@ from django.db.backends.signals import connection_created
 
 
 @contextmanager
-def statements_by_thread():
+def statements_by_thread(whole=False):
     """The statements run on the default database, by the name of the thread that ran
-    them: on this thread's connection and on any connection opened meanwhile."""
+    them: on this thread's connection and on any connection opened meanwhile. Each is
+    its first word, or with `whole` its whole text."""
     seen: list[tuple[str, str]] = []
     wrapped = []
 
     def record(execute, sql, params, many, context):
-        seen.append((threading.current_thread().name, sql.split(None, 1)[0].upper()))
+        text = sql if whole else sql.split(None, 1)[0].upper()
+        seen.append((threading.current_thread().name, text))
         return execute(sql, params, many, context)
 
     def opened(sender, connection, **kwargs):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+from outbox.backends.postgres_find_sql import FindSql
 from outbox.backends.postgres_settle_sql import SettleSql
 from outbox.models import OutboxBase
 
@@ -18,6 +19,8 @@ class Statements:
     claim_walk: str  # skip-scan the shards in key order, claim the due, free ones
     claim_walk_after: str  # the same, starting after a key (fairness across calls)
     claim_walk_until: str  # the same, from the start up to a key (the wrap-around)
+    claim_scan: str  # claim_walk by a bounded plain scan (shards of about one row)
+    claim_scan_after: str  # the same, starting after a key
     claim_keys: str  # of the given keys, claim the due, free ones
     claim_keys_read: str  # the same, and read the won shards' first rows (locked)
     claim_keys_read_timed: str  # the same, with the newest rows' date_added
@@ -37,90 +40,8 @@ def statements(model: type[OutboxBase]) -> Statements:
     return _Renderer(model).render()
 
 
-class _Renderer(SettleSql):
+class _Renderer(FindSql, SettleSql):
     """Renders every statement for one outbox table."""
-
-    def first_live_due(self, alias: str) -> str:
-        """The first live row of shard `alias` is due (NULL: the shard has none). Dead
-        rows are skipped: they never block."""
-        return f"""(SELECT o."scheduled_for" <= now() FROM {self.table} o
-                    WHERE {self.same_shard("o", alias)} AND o."dead_at" IS NULL
-                    ORDER BY o."id" LIMIT 1)"""
-
-    def due_filter(self, alias: str, head: str | None = None) -> str:
-        """A walked or given shard's head (its oldest pending row) is due, it has no live
-        lease (`lease_free`), and it passes the filters. `head`: an alias already holding
-        the shard's first row, if any."""
-        first_live = self.first_live_due(alias)
-        if head is not None:  # a live first row answers without another probe
-            first_live = f"""CASE WHEN {head}."dead_at" IS NULL
-                THEN {head}."scheduled_for" <= now() ELSE {first_live} END"""
-        return f"""
-            {first_live}
-            AND (%(scopes)s::integer[] IS NULL OR {alias}."shard_scope" = ANY(%(scopes)s))
-            AND (%(identifiers)s::bigint[] IS NULL
-                 OR {alias}."shard_identifier" = ANY(%(identifiers)s))"""
-
-    def lease_of(self, alias: str) -> str:
-        """The shard's lease row, if any: one probe of the unique index. LIMIT keeps it a
-        correlated probe: turned into a join, the planner (expecting a single shard) may
-        rescan the lease table per shard."""
-        return f"""LEFT JOIN LATERAL (
-                SELECT l."id", l."expires_at" FROM {self.lease} l
-                WHERE l."outbox" = %(label)s AND {self.same_lease("l", alias)} LIMIT 1
-            ) lease ON TRUE"""
-
-    @staticmethod
-    def lease_free() -> str:
-        return '(lease."id" IS NULL OR lease."expires_at" <= now())'
-
-    def walk(self, bound: str) -> str:
-        """Recursive skip scan over the shard index: one index probe per shard, not per row.
-
-        PostgreSQL evaluates a recursive CTE only as far as its reader pulls, so the LIMIT
-        of the reader ends the walk after enough due shards.
-        """
-        cols = ", ".join(self.cols)
-        bounds = {
-            "": "",
-            "after": f"AND ({cols}) > ({self.key_params('after')})",
-            "until": f"AND ({cols}) <= ({self.key_params('until')})",
-        }[bound]
-        head = 'o."scheduled_for", o."dead_at"'
-        return f"""
-            walk AS (
-                (SELECT {cols}, "scheduled_for", "dead_at" FROM {self.table} o
-                 WHERE TRUE {bounds} ORDER BY {cols}, "id" LIMIT 1)
-                UNION ALL
-                SELECT step.* FROM walk w CROSS JOIN LATERAL (
-                    SELECT {self.row_cols("o")}, {head} FROM {self.table} o
-                    WHERE ({self.row_cols("o")}) > ({self.row_cols("w")}) {bounds}
-                    ORDER BY {self.row_cols("o")}, o."id" LIMIT 1
-                ) step
-            ),
-            due AS (
-                SELECT k.*, lease."id" AS lease_id FROM (
-                    SELECT {self.key_of("w")}, w."scheduled_for", w."dead_at" FROM walk w
-                ) k {self.lease_of("k")}
-                WHERE {self.due_filter("k", head="k")} AND {self.lease_free()}
-                LIMIT %(limit)s
-            )"""
-
-    def key_params(self, prefix: str) -> str:
-        names = ["region", "scope", "identifier"] if self.has_region else ["scope", "identifier"]
-        return ", ".join(f"%({prefix}_{name})s" for name in names)
-
-    def given_keys(self) -> str:
-        """The given keys (three arrays) that are due and free."""
-        return f"""
-            due AS (
-                SELECT k.*, lease."id" AS lease_id
-                FROM unnest(%(regions)s::text[], %(scopes_in)s::integer[],
-                            %(identifiers_in)s::bigint[]) AS k(region_name, shard_scope,
-                                                               shard_identifier)
-                    {self.lease_of("k")}
-                WHERE {self.due_filter("k")} AND {self.lease_free()}
-            )"""
 
     def claim_one(self) -> str:
         """One given key (three scalars), claimed by one upsert if it is due and its lease
@@ -176,6 +97,12 @@ class _Renderer(SettleSql):
                 FROM expired e WHERE l."id" = e."id"
                 RETURNING l."region_name", l."shard_scope", l."shard_identifier"
             ),
+            {self.fresh()}"""
+
+    def fresh(self) -> str:
+        """Insert the leases of the shards in `due`; a conflicting insert means someone
+        else holds the shard (or won it first). `fresh` returns the shards won."""
+        return f"""
             fresh AS (
                 INSERT INTO {self.lease} ("outbox", "region_name", "shard_scope",
                     "shard_identifier", "token", "holder", "claimed_at", "expires_at")
@@ -264,6 +191,8 @@ class _Renderer(SettleSql):
             claim_walk=f"WITH RECURSIVE {self.walk('')}, {claim}",
             claim_walk_after=f"WITH RECURSIVE {self.walk('after')}, {claim}",
             claim_walk_until=f"WITH RECURSIVE {self.walk('until')}, {claim}",
+            claim_scan=f"WITH {self.scan('')}, {self.fresh()} SELECT * FROM fresh",
+            claim_scan_after=f"WITH {self.scan('after')}, {self.fresh()} SELECT * FROM fresh",
             claim_keys=f"WITH {self.given_keys()}, {claim}",
             claim_keys_read=self.claim_and_read(),
             claim_keys_read_timed=self.claim_and_read(timed=True),

@@ -41,14 +41,16 @@ class BatchWorker:
         bounds: Mapping[ShardKey, int | None] | None,
         window: Window | None = None,
         defer: bool = False,
+        holding: Holding | None = None,
     ) -> tuple[DrainStats, Pending | None]:
         """Deliver the claimed shards window by window (the first one may be read with
         the claim already); release each once it is done. With `defer`, the last round
-        is returned unsettled (`behind`) when nothing went wrong delivering it."""
+        is returned unsettled (`behind`) when nothing went wrong delivering it.
+        `holding`: the lease's, where the keeper renews it already (claimed ahead)."""
         stats = DrainStats(shards=len(lease.shards))
         if not lease.shards:
             return stats, None
-        holding = Holding(self.backend, self.model, lease)
+        holding = holding or Holding(self.backend, self.model, lease)
         keeper = LeaseKeeper.get()
         keeper.hold(holding)
         active = list(lease.shards)

@@ -19,18 +19,13 @@ and its connection last one drain and are opened only once a second batch is fou
 
 from __future__ import annotations
 
-import contextvars
 import logging
-import queue
-import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from django.db import connections
-
 import outbox.engine.events as events
 from outbox.backends.base import Lease, OutboxBackend, Settlement, SettleResult
+from outbox.engine.jobs import JobThread
 from outbox.engine.keeper import Holding, LeaseKeeper
 from outbox.engine.rounds import release_quietly, retrying
 from outbox.engine.stats import DrainStats, Round
@@ -59,7 +54,7 @@ class SettleBehind:
         self.backend = backend
         self.model = model
         self.using = using
-        self._thread: _Thread | None = None
+        self._thread: JobThread | None = None
         self._in_flight: tuple[Pending, Future[SettleResult]] | None = None
 
     @property
@@ -71,7 +66,7 @@ class SettleBehind:
         counted into `stats`; if it failed, this raises and `pending` is not taken)."""
         self.wait(stats)
         if self._thread is None:
-            self._thread = _Thread()
+            self._thread = JobThread("outbox-settle")
         self._in_flight = (pending, self._thread.run(lambda: self._settle(pending)))
 
     def settle_now(self, pending: Pending, stats: DrainStats) -> None:
@@ -134,38 +129,3 @@ class SettleBehind:
         events.leases_lost(self.model, lost, self.using)
         stats.rows_retired += settled.deleted - pending.expected
         stats.leases_lost += len(lost) - lost_before
-
-
-class _Thread:
-    """One daemon thread running one job at a time, on connections of its own: a settle
-    in flight never holds up the process's exit (it rolls back, and is redelivered)."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[
-            tuple[Callable[[], SettleResult], Future[SettleResult]] | None
-        ]
-        self._jobs = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, name="outbox-settle", daemon=True)
-        self._thread.start()
-
-    def run(self, job: Callable[[], SettleResult]) -> Future[SettleResult]:
-        """Run `job` in the caller's context (tracing spans, say) on the thread."""
-        future: Future[SettleResult] = Future()
-        context = contextvars.copy_context()
-        self._jobs.put((lambda: context.run(job), future))
-        return future
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-        self._thread.join()
-
-    def _work(self) -> None:
-        try:
-            while (item := self._jobs.get()) is not None:
-                job, future = item
-                try:
-                    future.set_result(job())
-                except BaseException as exc:
-                    future.set_exception(exc)
-        finally:
-            connections.close_all()  # this thread's own connections

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from django.db import connections, router
 
@@ -26,9 +26,11 @@ import outbox.engine.events as events
 from outbox.backends import get_backend
 from outbox.backends.base import Lease, ShardFilter, Window
 from outbox.conf import outbox_settings
+from outbox.engine.ahead import ClaimAhead, Claimed
 from outbox.engine.batch import BatchWorker
 from outbox.engine.behind import Pending, SettleBehind
-from outbox.engine.rounds import retrying, shard_budget
+from outbox.engine.keeper import LeaseKeeper
+from outbox.engine.rounds import retrying, rows_per_shard, shard_budget
 from outbox.engine.stats import DrainStats
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase
@@ -57,6 +59,7 @@ class Drainer(BatchWorker):
         self.stop = stop or threading.Event()
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"[:128]
         self._cursor: ShardKey | None = None
+        self._small = False  # the last batch's shards held a row or two each
         self._dispatch = delivery.Dispatch(model, self.using)
         self._report_processed = False
 
@@ -77,15 +80,18 @@ class Drainer(BatchWorker):
     ) -> None:
         """Claim and work batches until none is due. From the second full batch in a row
         on (a backlog), the settle of each one is left to `behind`, done while the next
-        one runs (see `outbox.engine.behind`)."""
+        one runs (see `outbox.engine.behind`), and the next one is claimed while this
+        one is read and delivered (`outbox.engine.ahead`)."""
         idle_rounds = full_in_a_row = 0
         limit = outbox_settings.BATCH_SHARDS
         pending: Pending | None = None  # the last batch, delivered, not settled yet
+        ahead = ClaimAhead(self.backend, self.model)  # no thread until it starts
         try:
             while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 if behind is not None and behind.busy and not full_in_a_row:
                     behind.wait(stats)  # the backlog looks done: release its last shards
-                lease = self._claim(self._new_lease(), limit)
+                claimed = ahead.take() if ahead.started else self._claim_now(limit)
+                lease = claimed.lease
                 if not lease.shards and behind is not None and (pending or behind.busy):
                     # Shards still being settled were leased to that claim: settle
                     # them, then look again (rows may have come meanwhile).
@@ -93,30 +99,56 @@ class Drainer(BatchWorker):
                     behind.catch_up(stats, last)
                     continue
                 if pending is not None and behind is not None:
-                    try:
-                        behind.submit(pending, stats)  # settled while this batch runs
-                    except BaseException:
-                        self._release_remaining(lease)  # never worked
-                        raise
+                    self._settle_behind(behind, pending, stats, claimed)
                     pending = None
                 if not lease.shards:
                     break
                 full_in_a_row = full_in_a_row + 1 if len(lease.shards) >= limit else 0
                 defer = behind is not None and full_in_a_row >= 2
-                batch, pending = self._work(lease, bounds=None, defer=defer)
+                if defer:
+                    ahead.start(self._claimer(limit))
+                batch, pending = self._work(lease, None, defer=defer, holding=claimed.holding)
                 stats.add(batch)
-                limit = shard_budget(self.backend.wide_batches, batch)
+                limit = self._next_limit(batch)
                 # A batch whose shards all came back empty (drained by someone else a
                 # moment ago) is no progress; never spin on those.
                 idle_rounds = 0 if batch.progressed else idle_rounds + 1
                 if idle_rounds >= 3:
                     break
         except BaseException:
+            ahead.close()
             if behind is not None:
                 behind.abandon(pending)  # what it cannot settle is logged
             raise
+        ahead.close()  # a batch claimed ahead of a stop or a deadline is let go
         if behind is not None:
             behind.close(stats, pending)
+
+    def _claim_now(self, limit: int) -> Claimed:
+        return Claimed(self._claim(self._new_lease(), limit))
+
+    def _next_limit(self, batch: DrainStats) -> int:
+        """How many shards the next claim takes, after `batch`; and whether they are
+        likely small (a backend may then look for them differently)."""
+        self._small = 0 < rows_per_shard(batch) <= 1.5
+        return shard_budget(self.backend.wide_batches, batch)
+
+    def _claimer(self, limit: int) -> Callable[[], Lease]:
+        """The next claim, to run ahead on another thread."""
+        return lambda: self._claim(self._new_lease(), limit)
+
+    def _settle_behind(
+        self, behind: SettleBehind, pending: Pending, stats: DrainStats, claimed: Claimed
+    ) -> None:
+        """Hand `pending` to `behind`, to settle while `claimed` runs; if that fails,
+        `claimed` is let go (never worked)."""
+        try:
+            behind.submit(pending, stats)
+        except BaseException:
+            if claimed.holding is not None:
+                LeaseKeeper.get().drop(claimed.holding)
+            self._release_remaining(claimed.lease)
+            raise
 
     def drain_shards(self, shards: Sequence[ShardKey]) -> DrainStats:
         """Drain these shards completely, where they are due and nobody holds them.
@@ -160,6 +192,7 @@ class Drainer(BatchWorker):
             scopes=tuple(self.scopes) if self.scopes else None,
             identifiers=tuple(self.identifiers) if self.identifiers else None,
             after=self._cursor if shards is None else None,
+            small=self._small and shards is None,
         )
         started = time.monotonic()
         retrying(lambda: self.backend.claim(self.model, lease, where, limit))

@@ -82,6 +82,11 @@ def shard_budget(wide_batches: bool, batch: DrainStats) -> int:
     shards = outbox_settings.BATCH_SHARDS
     if not wide_batches or not batch.shards:
         return shards
-    rows = batch.rows_retired + batch.failures + batch.dead_lettered
-    per_shard = max(rows / batch.shards, 1.0)
+    per_shard = max(rows_per_shard(batch), 1.0)
     return max(shards, min(outbox_settings.BATCH_ROWS, int(outbox_settings.BATCH_ROWS / per_shard)))
+
+
+def rows_per_shard(batch: DrainStats) -> float:
+    """The rows a batch worked on (retired, failed or dead-lettered) per shard it claimed."""
+    rows = batch.rows_retired + batch.failures + batch.dead_lettered
+    return rows / batch.shards if batch.shards else 0.0
