@@ -80,8 +80,12 @@ def test_a_backlog_is_settled_behind_with_the_same_statements(backlog, calls, se
     with statements_by_thread() as alone:
         assert drain_outboxes([RegionOutbox]).rows_retired == 35
     assert {name for name, _ in alone} == {threading.current_thread().name}
-    # Settled behind or not, a drain sends the same statements.
-    assert Counter(sql for _, sql in behind) == Counter(sql for _, sql in alone)
+    # Settled behind or not, a drain sends the same statements, but for the claims
+    # made ahead of batches that never came: at the end of the backlog, two claims
+    # ahead found nothing (`outbox.engine.ahead`), and the drain claimed again.
+    with_behind, on_its_own = Counter(sql for _, sql in behind), Counter(sql for _, sql in alone)
+    assert not on_its_own - with_behind
+    assert 1 <= (with_behind - on_its_own).total() <= 3, with_behind - on_its_own
 
 
 def test_a_row_written_to_a_shard_being_settled_is_delivered_by_the_same_drain(backlog, calls):

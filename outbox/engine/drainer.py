@@ -38,6 +38,10 @@ from outbox.shards import ShardKey
 
 logger = logging.getLogger("outbox.engine")
 
+# Through a backlog, how many batches are claimed ahead of the one being delivered: two
+# keep the claiming thread busy while the drain reads and delivers.
+CLAIMS_AHEAD = 2
+
 
 class Drainer(BatchWorker):
     """Drains one outbox table on one database. Cheap to create; not thread-safe."""
@@ -90,7 +94,7 @@ class Drainer(BatchWorker):
             while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 if behind is not None and behind.busy and not full_in_a_row:
                     behind.wait(stats)  # the backlog looks done: release its last shards
-                claimed = ahead.take() if ahead.started else self._claim_now(limit)
+                claimed = self._next_claim(ahead, limit)
                 lease = claimed.lease
                 if not lease.shards and behind is not None and (pending or behind.busy):
                     # Shards still being settled were leased to that claim: settle
@@ -105,7 +109,7 @@ class Drainer(BatchWorker):
                     break
                 full_in_a_row = full_in_a_row + 1 if len(lease.shards) >= limit else 0
                 defer = behind is not None and full_in_a_row >= 2
-                if defer:
+                while defer and ahead.started < CLAIMS_AHEAD:
                     ahead.start(self._claimer(limit))
                 batch, pending = self._work(lease, None, defer=defer, holding=claimed.holding)
                 stats.add(batch)
@@ -124,7 +128,15 @@ class Drainer(BatchWorker):
         if behind is not None:
             behind.close(stats, pending)
 
-    def _claim_now(self, limit: int) -> Claimed:
+    def _next_claim(self, ahead: ClaimAhead, limit: int) -> Claimed:
+        """The batch claimed ahead, if any, else a claim now. A claim made ahead that
+        won nothing may predate a settle that let shards go with rows written to them
+        meanwhile: the drain never ends on it, but claims again."""
+        if ahead.started:
+            claimed = ahead.take()
+            if claimed.lease.shards:
+                return claimed
+            ahead.cancel()
         return Claimed(self._claim(self._new_lease(), limit))
 
     def _next_limit(self, batch: DrainStats) -> int:
