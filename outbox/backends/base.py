@@ -56,8 +56,8 @@ class ShardFilter:
     `shards` limits the claim to these shards; `scopes` and `identifiers` to shards of
     those scopes or identifiers. `after` is a fairness hint, not a filter: a backend
     that walks shards in key order starts after it and wraps around. `small` is a hint
-    too: the last batch's shards held about one row each, so a backend may look for due
-    shards by scanning rows rather than skipping from shard to shard.
+    too: the last batch was full and its shards held about one row each, so a backend
+    may look for due shards by scanning rows rather than skipping from shard to shard.
     """
 
     shards: tuple[ShardKey, ...] | None = None

@@ -63,7 +63,7 @@ class Drainer(BatchWorker):
         self.stop = stop or threading.Event()
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"[:128]
         self._cursor: ShardKey | None = None
-        self._small = False  # the last batch's shards held a row or two each
+        self._small = False  # the last batch was full, of shards of a row or two each
         self._dispatch = delivery.Dispatch(model, self.using)
         self._report_processed = False
 
@@ -113,7 +113,7 @@ class Drainer(BatchWorker):
                     ahead.start(self._claimer(limit))
                 batch, pending = self._work(lease, None, defer=defer, holding=claimed.holding)
                 stats.add(batch)
-                limit = self._next_limit(batch)
+                limit = self._next_limit(batch, full=full_in_a_row > 0)
                 # A batch whose shards all came back empty (drained by someone else a
                 # moment ago) is no progress; never spin on those.
                 idle_rounds = 0 if batch.progressed else idle_rounds + 1
@@ -139,10 +139,11 @@ class Drainer(BatchWorker):
             ahead.cancel()
         return Claimed(self._claim(self._new_lease(), limit))
 
-    def _next_limit(self, batch: DrainStats) -> int:
+    def _next_limit(self, batch: DrainStats, *, full: bool) -> int:
         """How many shards the next claim takes, after `batch`; and whether they are
-        likely small (a backend may then look for them differently)."""
-        self._small = 0 < rows_per_shard(batch) <= 1.5
+        likely small: `batch` was full (a backlog) and its shards held a row or two
+        each (a backend may then look for them differently)."""
+        self._small = full and 0 < rows_per_shard(batch) <= 1.5
         return shard_budget(self.backend.wide_batches, batch)
 
     def _claimer(self, limit: int) -> Callable[[], Lease]:
