@@ -84,7 +84,7 @@ class Drainer(BatchWorker):
     ) -> None:
         """Claim and work batches until none is due. From the second full batch in a row
         on (a backlog), the settle of each one is left to `behind`, done while the next
-        one runs (see `outbox.engine.behind`), and the next one is claimed while this
+        one runs (see `outbox.engine.behind`), and the next two are claimed while this
         one is read and delivered (`outbox.engine.ahead`)."""
         idle_rounds = full_in_a_row = 0
         limit = outbox_settings.BATCH_SHARDS
