@@ -7,36 +7,14 @@ from collections import Counter
 
 import pytest
 
-from outbox.backends import get_backend
 from outbox.engine import drain_outboxes
 from outbox.engine.keeper import LeaseKeeper
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing
-from tests.factories import RegionOutboxFactory
 from tests.statements import statements_by_thread
 from tests.test_settle_behind import client_connections, settles_to
 
 pytestmark = committing
-
-
-@pytest.fixture
-def backlog(settings):
-    """One-message shards 0..n-1, claimed in batches of 10: the third batch (shards
-    20-29) and those after it are claimed ahead, each while the one before runs."""
-    if not get_backend("default").settles_behind:
-        pytest.skip("the portable path claims every batch itself")
-    settings.OUTBOX_BATCH_SHARDS = 10
-    settings.OUTBOX_BATCH_ROWS = 10
-
-    def write(shards):
-        RegionOutbox.objects.bulk_create(
-            [
-                RegionOutboxFactory.build(shard_identifier=n, object_identifier=n)
-                for n in range(shards)
-            ]
-        )
-
-    return write
 
 
 def leased(shards, seconds=5.0):

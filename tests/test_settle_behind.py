@@ -8,7 +8,6 @@ from collections import Counter
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
 
-from outbox.backends import get_backend
 from outbox.engine import drain_outboxes
 from outbox.engine.keeper import LeaseKeeper
 from outbox.models import RegionOutbox, ShardLease
@@ -17,25 +16,6 @@ from tests.factories import RegionOutboxFactory
 from tests.statements import statements_by_thread
 
 pytestmark = committing
-
-
-@pytest.fixture
-def backlog(settings):
-    """One-message shards 0..n-1, claimed in batches of 10."""
-    if not get_backend("default").settles_behind:
-        pytest.skip("the portable path settles every batch itself")
-    settings.OUTBOX_BATCH_SHARDS = 10
-    settings.OUTBOX_BATCH_ROWS = 10
-
-    def write(shards):
-        RegionOutbox.objects.bulk_create(
-            [
-                RegionOutboxFactory.build(shard_identifier=n, object_identifier=n)
-                for n in range(shards)
-            ]
-        )
-
-    return write
 
 
 def client_connections():

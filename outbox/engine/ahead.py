@@ -85,7 +85,7 @@ class ClaimAhead:
                 thread.stop()
 
     def release(self, claimed: Claimed) -> None:
-        """Stop renewing a batch claimed ahead and release its shards."""
+        """Stop renewing a claimed batch (if claimed ahead) and release its shards."""
         if claimed.holding is not None:
             LeaseKeeper.get().drop(claimed.holding)
         if claimed.lease.shards:

@@ -29,7 +29,6 @@ from outbox.conf import outbox_settings
 from outbox.engine.ahead import ClaimAhead, Claimed
 from outbox.engine.batch import BatchWorker
 from outbox.engine.behind import Pending, SettleBehind
-from outbox.engine.keeper import LeaseKeeper
 from outbox.engine.rounds import retrying, rows_per_shard, shard_budget
 from outbox.engine.stats import DrainStats
 from outbox.exceptions import DrainInTransaction
@@ -103,7 +102,7 @@ class Drainer(BatchWorker):
                     behind.catch_up(stats, last)
                     continue
                 if pending is not None and behind is not None:
-                    self._settle_behind(behind, pending, stats, claimed)
+                    self._settle_behind(behind, pending, stats, claimed, ahead)
                     pending = None
                 if not lease.shards:
                     break
@@ -151,16 +150,19 @@ class Drainer(BatchWorker):
         return lambda: self._claim(self._new_lease(), limit)
 
     def _settle_behind(
-        self, behind: SettleBehind, pending: Pending, stats: DrainStats, claimed: Claimed
+        self,
+        behind: SettleBehind,
+        pending: Pending,
+        stats: DrainStats,
+        claimed: Claimed,
+        ahead: ClaimAhead,
     ) -> None:
         """Hand `pending` to `behind`, to settle while `claimed` runs; if that fails,
         `claimed` is let go (never worked)."""
         try:
             behind.submit(pending, stats)
         except BaseException:
-            if claimed.holding is not None:
-                LeaseKeeper.get().drop(claimed.holding)
-            self._release_remaining(claimed.lease)
+            ahead.release(claimed)
             raise
 
     def drain_shards(self, shards: Sequence[ShardKey]) -> DrainStats:
