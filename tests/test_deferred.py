@@ -271,6 +271,20 @@ def test_a_written_row_holds_its_key_and_database_defaults_as_a_saved_row_does()
     assert RegionOutbox.objects.count() == 1
 
 
+def test_a_time_given_for_a_column_with_a_database_default_is_read_back_as_stored():
+    from zoneinfo import ZoneInfo
+
+    due = timezone.now().astimezone(ZoneInfo("Asia/Tokyo")) + timezone.timedelta(hours=1)
+    with outbox_context(transaction.atomic(), flush=False):
+        row = RegionOutboxFactory(payload={"v": 1}, scheduled_for=due)
+    stored = RegionOutbox.objects.get(pk=row.pk)
+    for name in ("scheduled_for", "scheduled_from", "date_added"):
+        assert getattr(row, name) == getattr(stored, name)
+        assert getattr(row, name).tzinfo == getattr(stored, name).tzinfo
+    assert row.scheduled_for == due
+    assert row.scheduled_from == row.date_added  # both the INSERT's statement time
+
+
 def test_a_flushed_row_still_holds_its_database_defaults(calls):
     with outbox_context(transaction.atomic()):  # flushed, so deleted, right after commit
         row = RegionOutboxFactory(payload={"v": 1})

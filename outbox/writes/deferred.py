@@ -22,6 +22,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cache
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
@@ -63,13 +64,15 @@ class HeldRows:
     # once, not at every save.
     connection: BaseDatabaseWrapper
     entries: dict[int, _Entry] = field(default_factory=dict)  # by id(row), in save order
+    # The thread whose connection that is: Django's connections are per thread.
+    thread: int = field(default_factory=get_ident)
 
     def can_hold(self) -> bool:
         # Only on the connection of the context's own thread (a thread given a copy of
         # the context, as sync_to_async does, saves on its own connection at once); and a
         # broken transaction must keep raising at save(), as an INSERT would.
         connection = self.connection
-        if connections[self.using] is not connection:
+        if get_ident() != self.thread:
             return False
         return connection.in_atomic_block and not connection.get_rollback()
 
@@ -148,7 +151,7 @@ class HeldRows:
         # by hand (`insert`), since the COMMIT rides along on PostgreSQL only.
         head, tail = snapshots[:-LAST_STATEMENT_ROWS], snapshots[-LAST_STATEMENT_ROWS:]
         written = self._bulk_create(model, head) if head else []
-        returned = insert(model, tail, self.using, commit_wrapper)
+        returned = insert(model, tail, self.connection, commit_wrapper)
         if returned is None:
             with self.connection.execute_wrapper(commit_wrapper):
                 returned = self._bulk_create(model, tail, batch_size=len(tail))

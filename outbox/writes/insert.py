@@ -138,7 +138,10 @@ def _plain(field: Field[Any, Any]) -> bool:
 
 
 def insert(
-    model: type[OutboxBase], snapshots: list[Snapshot], using: str, wrapper: Any = None
+    model: type[OutboxBase],
+    snapshots: list[Snapshot],
+    connection: BaseDatabaseWrapper,
+    wrapper: Any = None,
 ) -> list[Snapshot] | None:
     """INSERT the held rows of `snapshots` (new rows of `model`) in one statement; return,
     per row, its primary key and database defaults by attname, converted as a queryset
@@ -146,10 +149,9 @@ def insert(
     `F(...)`) or a field computes or renders its own value: those are `bulk_create`'s.
     `wrapper`, an execute wrapper, is applied to this statement alone (the one that
     sends the COMMIT along)."""
-    plan = _plan(model, using)
+    plan = _plan(model, connection.alias)
     if plan.compiled_elsewhere:
         return None
-    connection = connections[using]
     params: list[Any] = []
     values = []
     for snapshot in snapshots:
@@ -164,7 +166,8 @@ def insert(
     else:
         run = lambda sql, params, many, context: cursor.execute(sql, params)  # noqa: E731
         wrapper(run, sql, params, False, {"connection": connection, "cursor": cursor})
-    rows = cursor.fetchall()
+    with connection.wrap_database_errors:
+        rows = cursor.cursor.fetchall()  # the driver's: no error wrapper made per call
     return _returned(plan, rows, connection.timezone if plan.timestamps else None)
 
 
