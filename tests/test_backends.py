@@ -95,6 +95,21 @@ def test_claim_with_a_cursor_still_reaches_every_shard(backend):
     assert sorted(mine.shards) == [key(1), key(2), key(3)]
 
 
+def test_claim_with_a_cursor_takes_the_shards_after_it_first_then_wraps_around(backend):
+    if isinstance(backend, PortableBackend):
+        pytest.skip("the portable path does not walk shards in key order: the cursor is a hint")
+    for identifier in (1, 2, 3, 4, 5):
+        RegionOutboxFactory(shard_identifier=identifier)
+    assert backend.claim(RegionOutbox, lease("a"), ShardFilter(after=key(2)), 2) == [
+        key(3),
+        key(4),
+    ]
+    # 3 and 4 are held now: after 2 only 5 is left, then the walk wraps around to 1.
+    won = backend.claim(RegionOutbox, lease("b"), ShardFilter(after=key(2)), 2)
+    assert won == [key(1), key(5)]
+    assert backend.claim(RegionOutbox, lease("c"), ShardFilter(after=key(4)), 10) == [key(2)]
+
+
 def test_claim_skips_backing_off_and_retakes_expired_leases(backend):
     RegionOutboxFactory(shard_identifier=1)
     RegionOutboxFactory(shard_identifier=2)

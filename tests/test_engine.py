@@ -255,13 +255,13 @@ def test_query_count_does_not_grow_with_shards_or_groups(shards, groups, setting
         stats = drain_outboxes([RegionOutbox])
     assert stats.rows_retired == shards * groups
     # PostgreSQL: claim (walk + lease in one statement), read window, settle, and the
-    # empty claim that ends the drain (after the cursor, then wrapped around); after a
-    # full batch (100 shards) of one-row shards that claim scans first (`claim_scan`),
-    # one more. MariaDB:
+    # empty claim that ends the drain (one statement: after the cursor, then wrapped
+    # around); after a full batch (100 shards) of one-row shards that claim scans first
+    # (`claim_scan`), one more. MariaDB:
     # walk, lease, read window, delete, release, and the empty claim (two walks).
     # Portable: find due, claim (update, insert, read back), read window (rows,
     # payloads), delete, release, and the empty find that ends the drain.
-    postgres = 5 + (shards == 100 and groups == 1)
+    postgres = 4 + (shards == 100 and groups == 1)
     expected = {PostgresBackend: postgres, MariaDBBackend: 7}.get(type(get_backend("default")), 9)
     assert len(engine_statements(captured)) == expected, engine_statements(captured)
 
@@ -280,10 +280,10 @@ def test_one_message_per_shard_costs_statements_per_window_not_per_shard(shards,
     if isinstance(get_backend("default"), PostgresBackend):
         # A full batch of 100 shards finds them small, so the next batch claims up to
         # BATCH_ROWS (2000) shards: the rest, by a scan after the cursor, then (finding
-        # fewer) a walk after it and wrapped around. Claim, read, settle; claim (scan,
-        # after, until), read, settle; the empty claim (after, until: that batch was
-        # not full). As many for 500 shards as for 1500.
-        assert len(statements) == 10, statements
+        # fewer) a walk after it and wrapped around, in one statement. Claim, read,
+        # settle; claim (scan, walk around), read, settle; the empty claim (a walk
+        # around: that batch was not full). As many for 500 shards as for 1500.
+        assert len(statements) == 8, statements
     elif isinstance(get_backend("default"), MariaDBBackend):
         # The same batches, each step a statement: walk, lease, read, delete, release;
         # walk (after, until), lease, read, delete, release; the empty walks (after,

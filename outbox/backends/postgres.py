@@ -133,11 +133,8 @@ class PostgresBackend(OutboxBackend):
         """Claim by walking the shards in key order from `after`, wrapping around."""
         if after is None:
             return self._fetch(sql.claim_walk, params)
-        won = self._fetch(sql.claim_walk_after, {**params, **bound_params("after", after)})
-        if len(won) < params["limit"]:  # wrap around to the shards before the cursor
-            params = {**params, "limit": params["limit"] - len(won)}
-            won += self._fetch(sql.claim_walk_until, {**params, **bound_params("until", after)})
-        return won
+        bounds = {**bound_params("after", after), **bound_params("until", after)}
+        return self._fetch(sql.claim_walk_around, {**params, **bounds})
 
     def read_window(
         self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int

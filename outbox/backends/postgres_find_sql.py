@@ -57,21 +57,31 @@ class FindSql(Fragments):
         """Recursive skip scan over the shard index: one index probe per shard, not per row.
 
         PostgreSQL evaluates a recursive CTE only as far as its reader pulls, so the LIMIT
-        of the reader ends the walk after enough due shards.
+        of the reader ends the walk after enough due shards. `around` walks the shards
+        after a key, then wraps around to those up to it, in one statement: the second
+        walk runs only when the first finds too few.
         """
+        if bound == "around":
+            return f"""{self.steps("walk_after", "after")}, {self.steps("walk_until", "until")},
+            walk AS (SELECT * FROM walk_after UNION ALL SELECT * FROM walk_until),
+            {self.due_walked()}"""
+        return f"{self.steps('walk', bound)}, {self.due_walked()}"
+
+    def steps(self, name: str, bound: str) -> str:
+        """The skip scan itself, as CTE `name`: the first row of each shard in key order."""
         cols, bounds = ", ".join(self.cols), self.bounds(bound)
         head = 'o."scheduled_for", o."dead_at"'
         return f"""
-            walk AS (
+            {name} AS (
                 (SELECT {cols}, "scheduled_for", "dead_at" FROM {self.table} o
                  WHERE TRUE {bounds} ORDER BY {cols}, "id" LIMIT 1)
                 UNION ALL
-                SELECT step.* FROM walk w CROSS JOIN LATERAL (
+                SELECT step.* FROM {name} w CROSS JOIN LATERAL (
                     SELECT {self.row_cols("o")}, {head} FROM {self.table} o
                     WHERE ({self.row_cols("o")}) > ({self.row_cols("w")}) {bounds}
                     ORDER BY {self.row_cols("o")}, o."id" LIMIT 1
                 ) step
-            ),{self.due_walked()}"""
+            )"""
 
     def scan(self, bound: str) -> str:
         """`walk` and `due` for shards of about one row each: a plain scan of the shard index's

@@ -17,8 +17,8 @@ class Statements:
     """The named statements for one outbox table."""
 
     claim_walk: str  # skip-scan the shards in key order, claim the due, free ones
-    claim_walk_after: str  # the same, starting after a key (fairness across calls)
-    claim_walk_until: str  # the same, from the start up to a key (the wrap-around)
+    claim_walk_around: str  # the same, after a key (fairness across calls), then wrapping
+    # around to the start up to it
     claim_scan: str  # claim_walk by a bounded plain scan (shards of about one row)
     claim_scan_after: str  # the same, starting after a key
     claim_keys: str  # of the given keys, claim the due, free ones
@@ -200,8 +200,7 @@ class _Renderer(FindSql, SettleSql):
         claim = self.claim()
         return Statements(
             claim_walk=f"WITH RECURSIVE {self.walk('')}, {claim}",
-            claim_walk_after=f"WITH RECURSIVE {self.walk('after')}, {claim}",
-            claim_walk_until=f"WITH RECURSIVE {self.walk('until')}, {claim}",
+            claim_walk_around=f"WITH RECURSIVE {self.walk('around')}, {claim}",
             claim_scan=f"WITH {self.scan('')}, {self.fresh()} SELECT * FROM fresh",
             claim_scan_after=f"WITH {self.scan('after')}, {self.fresh()} SELECT * FROM fresh",
             claim_keys=f"WITH {self.given_keys()}, {claim}",
