@@ -227,6 +227,46 @@ def test_claim_and_read_stop_at_the_first_row_not_yet_due(backend):
     assert window.incomplete == set()
 
 
+@pytest.mark.parametrize("keys", [1, 2], ids=["one key", "several keys"])
+def test_claim_and_read_coalesce_and_cut_as_a_read_does(backend, keys):
+    """A flush's claim and read in one step: each group's newest payload, the shard cut
+    at its first row not yet due, the rows behind the cut left alone."""
+    later = timezone.now() + timedelta(hours=1)
+    older = RegionOutboxFactory(shard_identifier=1, object_identifier=7, payload={"v": 1})
+    other = RegionOutboxFactory(shard_identifier=1, object_identifier=8, payload={"v": 9})
+    newest = RegionOutboxFactory(shard_identifier=1, object_identifier=7, payload={"v": 2})
+    RegionOutboxFactory(shard_identifier=1, object_identifier=7, scheduled_for=later)
+    RegionOutboxFactory(shard_identifier=1, object_identifier=8)  # due, behind the cut
+    alone = RegionOutboxFactory(shard_identifier=2, payload={"v": 3})
+    shards = [key(1), key(2)][:keys]
+    mine = lease()
+    window = backend.claim_and_read(RegionOutbox, mine, shards, 100)
+    if window is None:
+        pytest.skip(f"{type(backend).__name__} claims, then reads")
+    assert mine.shards == shards
+    groups = window.shards[key(1)]
+    assert [(g.object_identifier, g.row_ids) for g in groups] == [
+        (7, [older.id, newest.id]),
+        (8, [other.id]),
+    ]
+    assert [g.message.payload for g in groups] == [{"v": 2}, {"v": 9}]
+    assert window.incomplete == set()
+    if keys == 2:
+        assert [g.row_ids for g in window.shards[key(2)]] == [[alone.id]]
+        assert window.shards[key(2)][0].message.payload == {"v": 3}
+
+
+def test_claim_and_read_carries_the_control_fields():
+    ControlOutboxFactory(region_name="eu", shard_identifier=7, payload={"v": 1})
+    shard = key(7, scope=Scope.USER, region="eu")
+    window = get_backend("control").claim_and_read(ControlOutbox, lease(), [shard], 100)
+    if window is None:
+        pytest.skip("this backend claims, then reads")
+    message = window.shards[shard][0].message
+    assert message.region_name == "eu" and message.payload == {"v": 1}
+    assert message.date_added is not None and message.scheduled_for is not None
+
+
 def test_failed_settle_records_traceback_and_receivers_done(backend):
     older = RegionOutboxFactory(shard_identifier=1, object_identifier=7)
     newest = RegionOutboxFactory(shard_identifier=1, object_identifier=7)

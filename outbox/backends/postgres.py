@@ -193,8 +193,8 @@ class PostgresBackend(OutboxBackend):
         for group, row in newest.items():
             payload, date_added, scheduled_for, done = row[message_at:]
             group.message = Message(group, decode(payload), date_added, scheduled_for, done)
-        # A shard cut before a row not yet due was read to its end for now; the SQL drops
-        # the rows past the cut, so its count falls short of a full share.
+        # A shard cut before a row not yet due was read to its end for now (a window's
+        # SQL drops the rows past the cut, so its count may fall short of a full share).
         incomplete = {shard for shard, count in read.items() if count >= per_shard} - cut
         return Window(groups, incomplete)
 

@@ -135,12 +135,6 @@ class _Renderer(FindSql, SettleSql):
                 CASE WHEN {newest} THEN r."payload" END, {", ".join(times)},
                 CASE WHEN {newest} THEN r."delivered_to" END"""
 
-    def first_rows(self, key: str, limit: str, lock: str = "") -> str:
-        """The first pending rows of shard `key`, in id order, each marked whether it
-        comes before the shard's first row not yet due (`before_cut`). Dead rows are
-        never read."""
-        return self.mark_cut(self.shard_rows(key, limit, lock))
-
     def shard_rows(self, key: str, limit: str, lock: str = "") -> str:
         """Up to `limit` pending rows of shard `key`, in id order, through the shard index."""
         return f"""
@@ -169,6 +163,21 @@ class _Renderer(FindSql, SettleSql):
             WINDOW newest_of_group AS (PARTITION BY {cols}, r."category", r."object_identifier")
             ORDER BY {cols}, r."id\""""
 
+    def flush_columns(self, timed: bool) -> str:
+        """What a flush's read returns of each row (`r`): every row with its own due
+        flag and its payload, so the statement needs no window to parse and plan (which
+        cost a flush more than running it): `coalesce` cuts each shard at its first row
+        not due and keeps each group's newest payload."""
+        times = [
+            f'r."{column}"'
+            if (timed and column == "date_added") or column in self.message_columns
+            else "NULL::timestamptz"
+            for column in ("date_added", "scheduled_for")
+        ]
+        return f"""{", ".join(f"r.{column}" for column in self.cols)}, r."id", r."category",
+                r."object_identifier", r."attempts", r."scheduled_for" <= now(),
+                r."payload", {", ".join(times)}, r."delivered_to\""""
+
     def claim_and_read(self, timed: bool = False, single: bool = False) -> str:
         """Claim the given keys, then read the shards won, in one statement: each won
         key, then its row (NULLs for a shard with no row to read).
@@ -187,12 +196,9 @@ class _Renderer(FindSql, SettleSql):
         )
         return f"""
             WITH {claim}
-            SELECT w."region_name", w."shard_scope", w."shard_identifier", r.*
-            FROM won w LEFT JOIN LATERAL (
-                SELECT {self.read_columns(timed)}
-                FROM ({self.first_rows("w", "%(per_shard)s", "FOR SHARE")}) r
-                WHERE r.before_cut
-                WINDOW newest_of_group AS (PARTITION BY r."category", r."object_identifier")
+            SELECT w."region_name", w."shard_scope", w."shard_identifier",
+                {self.flush_columns(timed)}
+            FROM won w LEFT JOIN LATERAL ({self.shard_rows("w", "%(per_shard)s", "FOR SHARE")}
             ) r ON TRUE
             ORDER BY w."region_name", w."shard_scope", w."shard_identifier", r."id\""""
 
