@@ -4,6 +4,7 @@ each statement has one text and one plan however many shards or rows it touches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -124,16 +125,30 @@ class _Renderer(FindSql, SettleSql):
         only with each group's newest row (window `newest_of_group`), so the others cost
         nothing to transfer or decode."""
         newest = 'r."id" = max(r."id") OVER newest_of_group'
-        times = [  # date_added also when timed: the processing lag is measured from it
-            f'CASE WHEN {newest} THEN r."{column}" END'
+        return self.row_columns(
+            timed, "r.before_cut", lambda value: f"CASE WHEN {newest} THEN {value} END"
+        )
+
+    def flush_columns(self, timed: bool) -> str:
+        """What a flush's read returns of each row (`r`): every row with its own due
+        flag and its payload, so the statement needs no window to parse and plan (which
+        cost a flush more than running it): `coalesce` cuts each shard at its first row
+        not due and keeps each group's newest payload."""
+        return self.row_columns(timed, 'r."scheduled_for" <= now()', lambda value: value)
+
+    def row_columns(self, timed: bool, due: str, message: Callable[[str], str]) -> str:
+        """Each row (`r`) as `coalesce` takes it: shard columns, id, category, object,
+        attempts and `due`; then payload, times and receivers done, each through
+        `message`. date_added also when timed: the processing lag is measured from it."""
+        times = [
+            message(f'r."{column}"')
             if (timed and column == "date_added") or column in self.message_columns
             else "NULL::timestamptz"
             for column in ("date_added", "scheduled_for")
         ]
         return f"""{", ".join(f"r.{column}" for column in self.cols)}, r."id", r."category",
-                r."object_identifier", r."attempts", r.before_cut,
-                CASE WHEN {newest} THEN r."payload" END, {", ".join(times)},
-                CASE WHEN {newest} THEN r."delivered_to" END"""
+                r."object_identifier", r."attempts", {due}, {message('r."payload"')},
+                {", ".join(times)}, {message('r."delivered_to"')}"""
 
     def shard_rows(self, key: str, limit: str, lock: str = "") -> str:
         """Up to `limit` pending rows of shard `key`, in id order, through the shard index."""
@@ -162,21 +177,6 @@ class _Renderer(FindSql, SettleSql):
             WHERE r.before_cut
             WINDOW newest_of_group AS (PARTITION BY {cols}, r."category", r."object_identifier")
             ORDER BY {cols}, r."id\""""
-
-    def flush_columns(self, timed: bool) -> str:
-        """What a flush's read returns of each row (`r`): every row with its own due
-        flag and its payload, so the statement needs no window to parse and plan (which
-        cost a flush more than running it): `coalesce` cuts each shard at its first row
-        not due and keeps each group's newest payload."""
-        times = [
-            f'r."{column}"'
-            if (timed and column == "date_added") or column in self.message_columns
-            else "NULL::timestamptz"
-            for column in ("date_added", "scheduled_for")
-        ]
-        return f"""{", ".join(f"r.{column}" for column in self.cols)}, r."id", r."category",
-                r."object_identifier", r."attempts", r."scheduled_for" <= now(),
-                r."payload", {", ".join(times)}, r."delivered_to\""""
 
     def claim_and_read(self, timed: bool = False, single: bool = False) -> str:
         """Claim the given keys, then read the shards won, in one statement: each won
