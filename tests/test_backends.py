@@ -142,42 +142,6 @@ def test_read_window_marks_shards_that_may_continue(backend):
     assert sum(len(g.row_ids) for g in window.shards[key(1)]) >= 100
 
 
-def _shard_of(identifier, rows):
-    """`rows` rows in one shard: object 7 first and last, other objects between."""
-    objects = [7, *range(100, 100 + rows - 2), 7]
-    return [
-        RegionOutboxFactory(shard_identifier=identifier, object_identifier=obj, payload={"n": n})
-        for n, obj in enumerate(objects)
-    ]
-
-
-@pytest.mark.parametrize("step", ["read", "claim and read"])
-def test_a_read_stops_at_its_share_and_knows_whether_the_shard_goes_on(backend, step):
-    """A shard read to its share (100 rows here) delivers those rows only: a row past
-    it is neither in a group nor the source of its group's message. A shard with
-    exactly its share is known to be done on PostgreSQL (which reads one row more to
-    tell); other backends may mark it to be read again."""
-    exact, longer = _shard_of(1, 100), _shard_of(2, 101)
-    shards = [key(1), key(2)]
-    if step == "read":
-        window = backend.read_window(RegionOutbox, shards, 200)
-    else:
-        window = backend.claim_and_read(RegionOutbox, lease(), shards, 200)
-        if window is None:
-            pytest.skip(f"{type(backend).__name__} claims, then reads")
-    for shard, rows in [(key(1), exact), (key(2), longer[:100])]:
-        read = sorted(row_id for group in window.shards[shard] for row_id in group.row_ids)
-        assert read == [row.id for row in rows]
-    exact_7, longer_7 = window.shards[key(1)][0], window.shards[key(2)][0]
-    assert exact_7.row_ids == [exact[0].id, exact[-1].id]
-    assert exact_7.message.payload == {"n": 99}
-    assert longer_7.row_ids == [longer[0].id]  # its newest row is past the share
-    assert longer_7.message.payload == {"n": 0}
-    assert key(2) in window.incomplete
-    if isinstance(backend, PostgresBackend):
-        assert key(1) not in window.incomplete
-
-
 def test_read_window_carries_the_control_fields():
     ControlOutboxFactory(region_name="eu", shard_identifier=7, payload={"v": 1})
     shard = key(7, scope=Scope.USER, region="eu")

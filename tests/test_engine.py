@@ -266,30 +266,6 @@ def test_query_count_does_not_grow_with_shards_or_groups(shards, groups, setting
     assert len(engine_statements(captured)) == expected, engine_statements(captured)
 
 
-@pytest.mark.parametrize("rows", [100, 101])
-def test_shards_read_exactly_to_their_share_take_one_read(rows, settings):
-    """Two shards share a window of 200 rows (100 each). On PostgreSQL the read tells
-    whether a shard goes on past its share, so shards of exactly 100 rows are settled
-    after one read; a 101st row takes a second read (and its own settle)."""
-    settings.OUTBOX_BATCH_SHARDS = 100
-    settings.OUTBOX_BATCH_ROWS = 200
-    RegionOutbox.objects.bulk_create(
-        [
-            RegionOutboxFactory.build(shard_identifier=shard, object_identifier=n)
-            for shard in range(2)
-            for n in range(rows)
-        ]
-    )
-    with CaptureQueriesContext(connection) as captured:
-        stats = drain_outboxes([RegionOutbox])
-    assert (stats.rows_retired, stats.receiver_calls) == (2 * rows, 2 * rows)
-    if not isinstance(get_backend("default"), PostgresBackend):
-        pytest.skip("the fast path of PostgreSQL reads one row more; others read again")
-    # Claim, read, settle (then again read and settle for the 101st rows), empty claim.
-    statements = engine_statements(captured)
-    assert len(statements) == (4 if rows == 100 else 6), statements
-
-
 @pytest.mark.parametrize("shards", [500, 1500])
 def test_one_message_per_shard_costs_statements_per_window_not_per_shard(shards, settings):
     settings.OUTBOX_BATCH_SHARDS = 100

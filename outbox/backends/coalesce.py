@@ -9,7 +9,6 @@ from outbox.backends.base import Group
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
-_ShardState = tuple[ShardKey, list[Group], dict[tuple[int, int], Group]]
 Coalesced = tuple[
     dict[ShardKey, list[Group]], dict[Group, Sequence[Any]], dict[ShardKey, int], set[ShardKey]
 ]
@@ -19,24 +18,24 @@ def coalesce(
     model: type[OutboxBase],
     rows: Sequence[Sequence[Any]],
     shards: Sequence[ShardKey] = (),
-    cap: int | None = None,
 ) -> Coalesced:
     """Group rows read in id order (within each shard) into coalescing groups.
 
     Each row is the `shard_fields` values, then id, category, object_identifier,
     attempts and whether the row is due, then whatever else the caller read. A shard
     stops at its first row that is not due: that row and the shard's later rows wait
-    (the shard is "cut"). Rows past a shard's first `cap` are only counted (a read's
-    lookahead row, telling that the shard has more). Returns the groups per shard (in
-    order of their oldest row), each group's newest row, the rows read per shard, and
-    the shards cut. Runs once per row read: kept tight."""
-    width, most = len(model.shard_fields), len(rows) if cap is None else cap
+    (the shard is "cut"). Returns the groups per shard (in order of their oldest row),
+    each group's newest row, the number of rows read per shard, and the shards cut.
+    The loop runs once per row read, so it is kept tight (keys of `shards` are reused).
+    """
+    width = len(model.shard_fields)
     known = {key[3 - width :]: key for key in shards}
     groups: dict[ShardKey, list[Group]] = {}
     newest: dict[Group, Sequence[Any]] = {}
     read: dict[ShardKey, int] = {}
     cut: set[ShardKey] = set()
-    per_shard: dict[tuple[Any, ...], _ShardState] = {}
+    per_shard: dict[tuple[Any, ...], tuple[ShardKey, list[Group], dict[tuple[int, int], Group]]]
+    per_shard = {}
     last_raw: tuple[Any, ...] = ()
     shard = ShardKey("", 0, 0)
     shard_groups: list[Group] = []
@@ -53,8 +52,6 @@ def coalesce(
         read[shard] += 1
         if not row[width + 4] or shard in cut:
             cut.add(shard)
-            continue
-        if read[shard] > most:
             continue
         object_key = (row[width + 1], row[width + 2])
         group = by_object.get(object_key)

@@ -145,7 +145,7 @@ class PostgresBackend(OutboxBackend):
         sql = statements(model)
         timed = message_processed.has_listeners(model)
         statement = sql.read_window_timed if timed else sql.read_window
-        rows = self._fetch(statement, [per_shard, *key_arrays(shards), per_shard + 1])
+        rows = self._fetch(statement, [*key_arrays(shards), per_shard])
         return self._window(model, rows, shards, per_shard)
 
     def claim_and_read(
@@ -173,7 +173,7 @@ class PostgresBackend(OutboxBackend):
         else:
             params = claim_params(model, lease, ShardFilter(shards=tuple(shards)), len(shards))
             statement = sql.claim_keys_read_timed if timed else sql.claim_keys_read
-        params["per_shard"] = per_shard + 1  # a lookahead row, as `read_window` reads
+        params["per_shard"] = per_shard
         rows = self._fetch(statement, params, scalars=one_key)
         lease.shards = sorted({ShardKey(*row[:3]) for row in rows})
         row_id = 3 + len(model.shard_fields)  # NULL: a won shard with no row to read
@@ -187,16 +187,15 @@ class PostgresBackend(OutboxBackend):
         shards: Sequence[ShardKey],
         per_shard: int,
     ) -> Window:
-        groups, newest, read, cut = coalesce(model, rows, shards, cap=per_shard)
+        groups, newest, read, cut = coalesce(model, rows, shards)
         decode = self._decoder(model)
         message_at = len(model.shard_fields) + 5
         for group, row in newest.items():
             payload, date_added, scheduled_for, done = row[message_at:]
             group.message = Message(group, decode(payload), date_added, scheduled_for, done)
-        # Only a shard with a lookahead row (one past its share, not delivered) has more
-        # to read; a shard cut before a row not yet due was read to its end for now (a
-        # window's SQL drops the rows past the cut).
-        incomplete = {shard for shard, count in read.items() if count > per_shard} - cut
+        # A shard cut before a row not yet due was read to its end for now (a window's
+        # SQL drops the rows past the cut, so its count may fall short of a full share).
+        incomplete = {shard for shard, count in read.items() if count >= per_shard} - cut
         return Window(groups, incomplete)
 
     def _decoder(self, model: type[OutboxBase]) -> Callable[[Any], Any]:

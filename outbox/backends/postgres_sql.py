@@ -123,9 +123,8 @@ class _Renderer(FindSql, SettleSql):
     def read_columns(self, timed: bool) -> str:
         """What a read returns of each row (`r`): payload, times and receivers done go
         only with each group's newest row (window `newest_of_group`), so the others cost
-        nothing to transfer or decode. A shard's lookahead row (see `mark_cut`) is never
-        one: it only tells that the shard has more rows."""
-        newest = 'r."id" = max(r."id") FILTER (WHERE NOT r.lookahead) OVER newest_of_group'
+        nothing to transfer or decode."""
+        newest = 'r."id" = max(r."id") OVER newest_of_group'
         return self.row_columns(
             timed, "r.before_cut", lambda value: f"CASE WHEN {newest} THEN {value} END"
         )
@@ -160,20 +159,14 @@ class _Renderer(FindSql, SettleSql):
 
     def mark_cut(self, rows: str) -> str:
         """`rows` (of one or more shards), each marked whether it comes before its
-        shard's first row not yet due (`before_cut`), and whether it is a lookahead row:
-        past the first %s of its shard (the first parameter), read only to learn that
-        the shard has more. Both in one pass over the rows in shard order."""
+        shard's first row not yet due (`before_cut`)."""
         return f"""
-                SELECT s.*, bool_and(s."scheduled_for" <= now()) OVER shard_order AS before_cut,
-                    row_number() OVER shard_order > %s AS lookahead
-                FROM ({rows}) s
-                WINDOW shard_order AS (PARTITION BY {self.row_cols("s")} ORDER BY s."id")"""
+                SELECT s.*, bool_and(s."scheduled_for" <= now())
+                    OVER (PARTITION BY {self.row_cols("s")} ORDER BY s."id") AS before_cut
+                FROM ({rows}) s"""
 
     def read_window(self, timed: bool = False) -> str:
-        """The given shards' first rows, up to each one's first row not yet due, and one
-        row more per shard where it has one (a lookahead row, without its message): a
-        shard read exactly to its end is then known to be done, with no second read.
-        Parameters: the rows per shard, the key arrays, then that count plus one. The
+        """The given shards' first rows, up to each one's first row not yet due. The
         rows of all shards are marked in one pass (`mark_cut`), which costs the server
         less than a pass per shard: a fifth of this statement for one-row shards."""
         cols = ", ".join(f"r.{column}" for column in self.cols)
