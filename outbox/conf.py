@@ -31,6 +31,32 @@ class OutboxSettings:
         "so the shard is released to other workers when the lease expires.",
         above=0,
     )
+    CONCURRENCY: Setting[int] = Setting(
+        4,
+        "How many claimed shards one drain delivers at the same time, each on a thread "
+        "with database connections of its own (one shard is still one call at a time, in "
+        "order). A drain whose receivers return at once keeps delivering on one thread; "
+        "the others start when a call takes a millisecond or more. 1 delivers every "
+        "shard on the drain's own thread, one call at a time. `drain_outboxes "
+        "--concurrency` overrides it. The synchronous flush after commit always delivers "
+        "in the committing thread.",
+        at_least=1,
+    )
+    RECEIVER_TIMEOUT_SECONDS: Setting[float] = Setting(
+        60.0,
+        "With `OUTBOX_CONCURRENCY` above 1: a receiver call still running after this "
+        "long is given up as a failed attempt (`TimeoutError`): its shard is rescheduled "
+        "with back-off and released, and the thread, which Python cannot stop, is counted "
+        "as stuck. 0: no timeout.",
+        at_least=0,
+    )
+    MAX_STUCK_RECEIVERS: Setting[int] = Setting(
+        8,
+        "How many timed-out receiver calls may still be running in one drain before it "
+        "gives up with `StuckReceivers` (`drain_outboxes` exits with status 5, so its "
+        "supervisor can restart the process). 0: no limit.",
+        at_least=0,
+    )
     BATCH_SHARDS: Setting[int] = Setting(
         100,
         "How many due shards one worker claims at once. On PostgreSQL's fast path a drain "

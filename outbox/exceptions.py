@@ -69,3 +69,10 @@ class PermanentFailure(OutboxError):
     def __init__(self, message: str = "") -> None:
         self.message = message
         super().__init__(message or "permanent failure")
+
+
+class StuckReceivers(OutboxError):
+    """More receiver calls than OUTBOX_MAX_STUCK_RECEIVERS ran past
+    OUTBOX_RECEIVER_TIMEOUT_SECONDS and are still running. Python cannot stop a thread,
+    so the drain gives up; `drain_outboxes` exits with status 5 for its supervisor to
+    restart the process. Their shards were rescheduled already."""

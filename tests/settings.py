@@ -83,6 +83,9 @@ ROOT_URLCONF = "tests.urls"
 # Short back-off so retry tests do not wait long; leases long enough for slow CI.
 OUTBOX_BACKOFF_BASE_SECONDS = 30.0
 OUTBOX_LEASE_SECONDS = 30.0
+# The suite pins batches and statements of a drain on its own thread, as
+# `--concurrency 1` runs it; tests/test_slots.py covers delivery on slot threads.
+OUTBOX_CONCURRENCY = 1
 
 # Tests that start worker processes (Celery, drain_outboxes) point them at the test
 # databases pytest created ("default=test_outbox,control=test_outbox_control"), and may

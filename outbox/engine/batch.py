@@ -20,7 +20,9 @@ from outbox.engine.collector import collector_paused
 from outbox.engine.failures import judge
 from outbox.engine.keeper import Holding, LeaseKeeper
 from outbox.engine.rounds import cut_at_bounds, done_shards, release_quietly, retrying
+from outbox.engine.slots import ShardTask, SlotPool, deliver_window
 from outbox.engine.stats import DrainStats, Round
+from outbox.engine.stragglers import Stragglers
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
@@ -32,8 +34,10 @@ class BatchWorker:
     using: str
     backend: OutboxBackend
     stop: threading.Event
-    _dispatch: delivery.Dispatch
     _report_processed: bool
+    _slots: SlotPool | None  # set while a drain delivers on slot threads
+    _stragglers: Stragglers | None
+    _wide: bool  # receivers wait: start every window on all slots
 
     def _work(
         self,
@@ -65,18 +69,20 @@ class BatchWorker:
                 delivered = False
                 try:
                     self._deliver(window, holding, round_)
-                    delivered = defer
+                    delivered = defer and not round_.running
                 finally:
                     failed = {failure.shard for failure in round_.failures}
-                    done = done_shards(active, window, reached, failed)
-                    finished = {*done, *failed, *round_.lost}
+                    settling = [key for key in active if key not in round_.running]
+                    done = done_shards(settling, window, reached, failed)
+                    finished = {*done, *failed, *round_.lost, *round_.running}
                     if delivered and all(key in finished for key in active):
                         pending = self._defer(lease, round_, done, holding, stats)
                     else:
                         self._settle(lease, round_, done, stats)
+                    # Stragglers keep leases of their own (`outbox.engine.stragglers`).
+                    lease.shards = [key for key in lease.shards if key not in round_.running]
                 if pending is not None:
                     break  # the lease keeps its shards and renewal until settled
-                finished = {*done, *failed, *round_.lost}
                 active = [key for key in active if key not in finished]
                 lease.shards = [key for key in lease.shards if key not in finished]
                 window = None
@@ -94,23 +100,72 @@ class BatchWorker:
             lease.shards = []
 
     def _deliver(self, window: Window, holding: Holding, round_: Round) -> None:
+        """Deliver the window's groups into `round_`, shard after shard, or on the slots
+        (`outbox.engine.slots`) during a drain with concurrency."""
         # Receivers and lifecycle listeners are looked up once per window.
         self._report_processed = events.wants_processed(self.model)
-        self._dispatch = delivery.Dispatch(self.model, self.using, timed=self._report_processed)
-        stop, overdue_after = self.stop, holding.lease.seconds / 2  # see Holding
+        if self._slots is not None and len(window.shards) > 1:
+            self._deliver_on_slots(self._slots, window, holding, round_)
+            return
+        dispatch = self._new_dispatch()
         for shard, groups in window.shards.items():
-            for group in groups:
-                if stop.is_set():
-                    return
-                if time.monotonic() - holding.renewed_at >= overdue_after:  # checked inline:
-                    self._confirm_lease(holding)  # once per message, on the hot path
-                if shard in holding.lost:
-                    round_.lost.add(shard)
-                    break
-                if group.message is None:
-                    break  # removed by an operator meanwhile; the next read sees the rest
-                if not self._deliver_group(group, holding, round_):
-                    break
+            if not self._deliver_shard(shard, groups, holding, round_, dispatch, holding):
+                return
+
+    def _new_dispatch(self) -> delivery.Dispatch:
+        return delivery.Dispatch(self.model, self.using, timed=self._report_processed)
+
+    def _deliver_on_slots(
+        self, slots: SlotPool, window: Window, holding: Holding, round_: Round
+    ) -> None:
+        """Deliver the window's shards at once, one slot per shard; shards still running
+        when the rest are done go on as stragglers (`round_.running`)."""
+        per_slot = threading.local()  # one Dispatch per slot thread and window
+
+        def deliver(task: ShardTask) -> None:
+            dispatch = getattr(per_slot, "dispatch", None) or self._new_dispatch()
+            per_slot.dispatch = dispatch
+            self._deliver_shard(task.shard, task.groups, holding, task.round, dispatch, task)
+
+        tasks = [ShardTask(shard, groups) for shard, groups in window.shards.items()]
+        run = deliver_window(slots, tasks, deliver, start_wide=self._wide, stopping=self.stop)
+        self._wide = run.slow
+        for task in run.finished:
+            round_.merge(task.round)
+        carved = [task for task in tasks if task.detached]
+        if carved:
+            assert self._stragglers is not None
+            self._stragglers.adopt(carved, holding.lease)
+            round_.running.update(task.shard for task in carved)
+        errors = [task.error for task in run.finished if task.error is not None]
+        if errors:
+            raise errors[0]
+
+    def _deliver_shard(
+        self,
+        shard: ShardKey,
+        groups: list[Group],
+        holding: Holding,
+        round_: Round,
+        dispatch: delivery.Dispatch,
+        call: Holding | ShardTask,
+    ) -> bool:
+        """Deliver one shard's groups in order until one fails; False when stopping.
+        `call` records the call running now (for the keeper, or the slots)."""
+        stop, overdue_after = self.stop, holding.lease.seconds / 2  # see Holding
+        for group in groups:
+            if stop.is_set():
+                return False
+            if time.monotonic() - holding.renewed_at >= overdue_after:  # checked inline:
+                self._confirm_lease(holding)  # once per message, on the hot path
+            if shard in holding.lost:
+                round_.lost.add(shard)
+                break
+            if group.message is None:
+                break  # removed by an operator meanwhile; the next read sees the rest
+            if not self._deliver_group(group, holding, round_, dispatch, call):
+                break
+        return True
 
     def _confirm_lease(self, holding: Holding) -> None:
         """Before the next receiver call: if the lease may have lapsed since its last
@@ -123,12 +178,19 @@ class BatchWorker:
         holding.renewed_at = time.monotonic()
         holding.lost.update(key for key in holding.lease.shards if key not in held)
 
-    def _deliver_group(self, group: Group, holding: Holding, round_: Round) -> bool:
+    def _deliver_group(
+        self,
+        group: Group,
+        holding: Holding,
+        round_: Round,
+        dispatch: delivery.Dispatch,
+        call: Holding | ShardTask,
+    ) -> bool:
         """Deliver one group; False when its shard must stop here."""
         lease = holding.lease
-        started = holding.receiver_started = time.monotonic()
+        started = call.begin_call(group)
         try:
-            retired_inline = self._dispatch.send(
+            retired_inline = dispatch.send(
                 group, lambda: not self._retire_now(lease, {group.shard: group.row_ids}, round_)
             )
         except delivery.LeaseLost:
@@ -139,13 +201,13 @@ class BatchWorker:
             round_.receiver_calls += isinstance(exc, delivery.DeliveryFailed)
             return self._failed(group, exc, round_)
         finally:
-            holding.receiver_started = None
+            call.end_call()
         round_.receiver_calls += 1
         round_.groups_delivered += 1
         if not retired_inline:
             round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
         if self._report_processed:
-            timings = dict(self._dispatch.timings or ())
+            timings = dict(dispatch.timings or ())
             duration = time.monotonic() - started
             events.send_processed(self.model, group, duration, self.using, timings)
         return True

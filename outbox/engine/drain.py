@@ -18,13 +18,22 @@ def drain_outboxes(
     identifiers: Sequence[int] | None = None,
     deadline: float | None = None,
     stop: threading.Event | None = None,
+    concurrency: int | None = None,
 ) -> DrainStats:
     """Drain every due shard of the given tables (all of them by default) once, in the
     calling thread: no signals, no graceful timeout (a backlog's settles may run on a
-    helper thread meanwhile; all are done on return)."""
+    helper thread meanwhile; all are done on return). `concurrency`: how many shards
+    are delivered at once (default `OUTBOX_CONCURRENCY`)."""
     stats = DrainStats()
     for model in models or outbox_models():
-        drainer = Drainer(model, using, scopes=scopes, identifiers=identifiers, stop=stop)
+        drainer = Drainer(
+            model,
+            using,
+            scopes=scopes,
+            identifiers=identifiers,
+            stop=stop,
+            concurrency=concurrency,
+        )
         result = drainer.drain(deadline=deadline)
         stats.add(result)
         stats.seconds += result.seconds

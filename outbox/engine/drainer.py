@@ -17,11 +17,11 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 from django.db import connections, router
 
-import outbox.engine.delivery as delivery
 import outbox.engine.events as events
 from outbox.backends import get_backend
 from outbox.backends.base import Lease, ShardFilter, Window
@@ -29,8 +29,11 @@ from outbox.conf import outbox_settings
 from outbox.engine.ahead import ClaimAhead, Claimed
 from outbox.engine.batch import BatchWorker
 from outbox.engine.behind import Pending, SettleBehind
+from outbox.engine.pace import Pace
 from outbox.engine.rounds import retrying, rows_per_shard, shard_budget
+from outbox.engine.slots import SlotPool
 from outbox.engine.stats import DrainStats
+from outbox.engine.stragglers import Stragglers
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
@@ -53,6 +56,7 @@ class Drainer(BatchWorker):
         scopes: Sequence[int] | None = None,
         identifiers: Sequence[int] | None = None,
         stop: threading.Event | None = None,
+        concurrency: int | None = None,
     ) -> None:
         self.model = model
         self.using = using or router.db_for_write(model)
@@ -63,8 +67,11 @@ class Drainer(BatchWorker):
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"[:128]
         self._cursor: ShardKey | None = None
         self._small = False  # the last batch was full, of shards of a row or two each
-        self._dispatch = delivery.Dispatch(model, self.using)
         self._report_processed = False
+        self.concurrency = concurrency  # None: OUTBOX_CONCURRENCY
+        self._slots = self._stragglers = None
+        self._wide = False
+        self._pace = Pace()
 
     def drain(self, *, deadline: float | None = None) -> DrainStats:
         """Deliver everything due now (and what becomes due meanwhile) until none is left."""
@@ -74,9 +81,27 @@ class Drainer(BatchWorker):
         behind = None
         if outbox_settings.SETTLE_IN_BACKGROUND and self.backend.settles_behind:
             behind = SettleBehind(self.backend, self.model, self.using)
-        self._batches(stats, deadline, behind)
+        with self._delivering_on_slots(stats):
+            self._batches(stats, deadline, behind)
         stats.seconds = time.monotonic() - started
         return stats
+
+    @contextmanager
+    def _delivering_on_slots(self, stats: DrainStats) -> Iterator[None]:
+        """With concurrency above 1, deliver on slot threads inside the block; on leaving
+        it, wait for the stragglers (settling each), then end the slot threads."""
+        concurrency = self.concurrency or outbox_settings.CONCURRENCY
+        if concurrency <= 1:
+            yield
+            return
+        slots = self._slots = SlotPool(concurrency)
+        stragglers = self._stragglers = Stragglers(self.backend, self.model, self.using, slots)
+        try:
+            yield
+            stragglers.close(stats)
+        finally:
+            self._slots = self._stragglers = None
+            slots.close()
 
     def _batches(
         self, stats: DrainStats, deadline: float | None, behind: SettleBehind | None
@@ -86,13 +111,16 @@ class Drainer(BatchWorker):
         one runs (see `outbox.engine.behind`), and the next two are claimed while this
         one is read and delivered (`outbox.engine.ahead`)."""
         idle_rounds = full_in_a_row = 0
-        limit = outbox_settings.BATCH_SHARDS
+        concurrency = self.concurrency or outbox_settings.CONCURRENCY
+        limit = self._pace.limit(outbox_settings.BATCH_SHARDS, concurrency)
         pending: Pending | None = None  # the last batch, delivered, not settled yet
         ahead = ClaimAhead(self.backend, self.model)  # no thread until it starts
         try:
             while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 if behind is not None and behind.busy and not full_in_a_row:
                     behind.wait(stats)  # the backlog looks done: release its last shards
+                if self._stragglers is not None:
+                    self._stragglers.settle(stats)
                 claimed = self._next_claim(ahead, limit)
                 lease = claimed.lease
                 if not lease.shards and behind is not None and (pending or behind.busy):
@@ -105,13 +133,19 @@ class Drainer(BatchWorker):
                     self._settle_behind(behind, pending, stats, claimed, ahead)
                     pending = None
                 if not lease.shards:
-                    break
+                    if self._stragglers is None or not self._stragglers.running:
+                        break
+                    # Shards written meanwhile are claimed while the stragglers run.
+                    self._stragglers.settle(stats, wait=outbox_settings.LOOP_INTERVAL_SECONDS / 4)
+                    continue
                 full_in_a_row = full_in_a_row + 1 if len(lease.shards) >= limit else 0
                 defer = behind is not None and full_in_a_row >= 2
                 while defer and ahead.started < CLAIMS_AHEAD:
                     ahead.start(self._claimer(limit))
+                batch_started = time.monotonic()
                 batch, pending = self._work(lease, None, defer=defer, holding=claimed.holding)
                 stats.add(batch)
+                self._pace.observe(batch, time.monotonic() - batch_started)
                 limit = self._next_limit(batch, full=full_in_a_row > 0)
                 # A batch whose shards all came back empty (drained by someone else a
                 # moment ago) is no progress; never spin on those.
@@ -143,7 +177,8 @@ class Drainer(BatchWorker):
         likely small: `batch` was full (a backlog) and its shards held a row or two
         each (a backend may then look for them differently)."""
         self._small = full and 0 < rows_per_shard(batch) <= 1.5
-        return shard_budget(self.backend.wide_batches, batch)
+        budget = shard_budget(self.backend.wide_batches, batch)
+        return self._pace.limit(budget, self.concurrency or outbox_settings.CONCURRENCY)
 
     def _claimer(self, limit: int) -> Callable[[], Lease]:
         """The next claim, to run ahead on another thread."""
@@ -170,7 +205,10 @@ class Drainer(BatchWorker):
 
         For schedulers that hand out shards (fan-out); a held shard is skipped.
         """
-        return self.flush(dict.fromkeys(shards))
+        stats = DrainStats()
+        with self._delivering_on_slots(stats):
+            stats.add(self.flush(dict.fromkeys(shards)))
+        return stats
 
     def flush(self, bounds: Mapping[ShardKey, int | None]) -> DrainStats:
         """Deliver the due rows of these shards up to their bounds, if no one holds them.

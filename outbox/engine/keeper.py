@@ -35,6 +35,14 @@ class Holding:
     receiver_started: float | None = None
     lost: set[ShardKey] = field(default_factory=set)
 
+    def begin_call(self, group: object) -> float:
+        """A receiver call starts (the drain's own thread): the keeper watches it."""
+        started = self.receiver_started = time.monotonic()
+        return started
+
+    def end_call(self) -> None:
+        self.receiver_started = None
+
     def needs_renewal(self, now: float) -> bool:
         return now - self.renewed_at >= self.lease.seconds / 3
 

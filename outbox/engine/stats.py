@@ -63,6 +63,8 @@ class Round:
     receiver_calls: int = 0
     groups_delivered: int = 0
     retired_inline: int = 0
+    # Shards carved out still running on a slot: settled on their own (stragglers).
+    running: set[ShardKey] = field(default_factory=set)
 
     def settlement(self, done: list[ShardKey]) -> Settlement:
         """What settling this round does: delete what it delivered, record its failures
@@ -70,6 +72,22 @@ class Round:
         return Settlement(
             delivered=self.delivered, failed=self.failures, release=done, dead=self.dead
         )
+
+    def merge(self, other: Round) -> None:
+        """Add what `other` did (another shard's round) to this one."""
+        for shard, row_ids in other.delivered.items():
+            self.delivered.setdefault(shard, []).extend(row_ids)
+        self.failures.extend(other.failures)
+        self.dead.extend(other.dead)
+        self.lost.update(other.lost)
+        self.receiver_calls += other.receiver_calls
+        self.groups_delivered += other.groups_delivered
+        self.retired_inline += other.retired_inline
+
+    def copy(self) -> Round:
+        copied = Round()
+        copied.merge(self)
+        return copied
 
     def add_to(self, stats: DrainStats, deleted: int) -> None:
         """Count this round, whose settlement deleted `deleted` rows, into `stats`."""

@@ -87,12 +87,14 @@ class DrainWorker:
         on_stop: Callable[[StopRequest], None] | None = None,
         heartbeat_every: float = 0.0,
         on_heartbeat: Callable[[DrainStats, float], None] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         self.models = list(models) if models else None  # None: every table, found at run
         self.using = using
         self.scopes = scopes
         self.identifiers = identifiers
         self.loop = loop
+        self.concurrency = concurrency  # None: OUTBOX_CONCURRENCY
         self.max_seconds = max_seconds
         self.progress_every = progress_every
         self.on_progress = on_progress
@@ -242,7 +244,7 @@ class DrainWorker:
 
     def _drain_shards(self) -> DrainStats:
         assert self.models and self.shards is not None
-        drainer = Drainer(self.models[0], self.using, stop=self._stop)
+        drainer = Drainer(self.models[0], self.using, stop=self._stop, concurrency=self.concurrency)
         if self.reservation:
             drainer.unreserve(self.reservation, self.shards)
         if self._stop.is_set():  # stopping already: claim nothing
@@ -280,6 +282,7 @@ class DrainWorker:
                 identifiers=self.identifiers,
                 deadline=deadline,
                 stop=self._stop,
+                concurrency=self.concurrency,
             )
         except (OperationalError, InterfaceError):
             if not self.loop:

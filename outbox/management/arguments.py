@@ -3,6 +3,8 @@ a bad one is a CommandError naming it, never a traceback."""
 
 from __future__ import annotations
 
+import argparse
+
 from django.apps import apps
 from django.conf import settings
 from django.core.management.base import CommandError
@@ -28,3 +30,14 @@ def outbox_table(label: str) -> type[OutboxBase]:
     if not issubclass(model, OutboxBase):
         raise CommandError(f"{label} is not an outbox table.")
     return model
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, not {text!r}")
+    return value

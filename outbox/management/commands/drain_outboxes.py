@@ -3,7 +3,9 @@
 Exit status: 0 when every claimed shard was delivered; 3 when at least one receiver
 failed (its rows are rescheduled with back-off and kept); 4 when the drain stopped with
 a receiver still running, past the graceful timeout or at a second signal (its shard's
-lease expires). SIGTERM/SIGINT stop it gracefully, a second one at once
+lease expires); 5 when more receiver calls than OUTBOX_MAX_STUCK_RECEIVERS ran past
+OUTBOX_RECEIVER_TIMEOUT_SECONDS and are still running (restart the process).
+SIGTERM/SIGINT stop it gracefully, a second one at once
 (`outbox.engine.worker.DrainWorker`). It refuses to run inside an open transaction.
 """
 
@@ -18,15 +20,16 @@ from django.db import DatabaseError
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
-from outbox.exceptions import DrainInTransaction, InvalidOutboxMessage
+from outbox.exceptions import DrainInTransaction, InvalidOutboxMessage, StuckReceivers
 from outbox.health import backlog
-from outbox.management.arguments import database_alias, outbox_table
+from outbox.management.arguments import database_alias, outbox_table, positive_int
 from outbox.metrics import record_backlog
 
 logger = logging.getLogger("outbox.engine")
 
 FAILED_EXIT_STATUS = 3
 ABANDONED_EXIT_STATUS = 4
+STUCK_EXIT_STATUS = 5
 
 
 class Command(BaseCommand):
@@ -57,6 +60,13 @@ class Command(BaseCommand):
             help="Only this shard_identifier (repeatable).",
         )
         parser.add_argument("--database", default=None, help="Database alias to drain.")
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=None,
+            metavar="N",
+            help="Deliver up to N claimed shards at once (default: OUTBOX_CONCURRENCY).",
+        )
         parser.add_argument("--max-seconds", type=float, default=None, help="Stop after this long.")
         parser.add_argument(
             "--progress-every",
@@ -80,12 +90,15 @@ class Command(BaseCommand):
             on_stop=self._stopping,
             heartbeat_every=outbox_settings.HEARTBEAT_SECONDS if options["loop"] else 0.0,
             on_heartbeat=self._heartbeat,
+            concurrency=options["concurrency"],
         )
         try:
             with worker.handling_signals():
                 outcome = worker.run()
         except DrainInTransaction as exc:
             raise CommandError(str(exc)) from exc
+        except StuckReceivers as exc:
+            raise CommandError(str(exc), returncode=STUCK_EXIT_STATUS) from exc
         self._finish(outcome)
 
     def _finish(self, outcome: DrainOutcome) -> None:

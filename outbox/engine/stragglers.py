@@ -1,0 +1,158 @@
+"""Shards whose delivery outlasts their window, and receiver calls that time out.
+
+A shard carved out of its window (`outbox.engine.slots`) keeps its lease, under a lease
+of its own with the window's token that the keeper renews, while its slot finishes it.
+The drain settles it once it lands, between its own batches, batching every straggler
+that landed meanwhile into one settle per window lease.
+
+A call running past `OUTBOX_RECEIVER_TIMEOUT_SECONDS` is given up: what the shard
+delivered before it is settled, the call counts as a failed attempt (`TimeoutError`),
+its rows are rescheduled with back-off, and the shard's lease is let go. The thread
+cannot be stopped: it is counted as stuck until its call returns, and its result is
+then thrown away. Only such a call can overlap a later delivery of the same shard, once
+the back-off has passed. Past `OUTBOX_MAX_STUCK_RECEIVERS` stuck threads the drain
+raises `StuckReceivers`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+import outbox.engine.events as events
+from outbox.backends.base import Lease, OutboxBackend
+from outbox.conf import outbox_settings
+from outbox.engine.failures import judge
+from outbox.engine.keeper import Holding, LeaseKeeper
+from outbox.engine.rounds import retrying
+from outbox.engine.slots import ShardTask, SlotPool
+from outbox.engine.stats import DrainStats, Round
+from outbox.exceptions import StuckReceivers
+from outbox.models import OutboxBase
+
+logger = logging.getLogger("outbox.engine")
+
+
+class Stragglers:
+    """One drain's shards still being delivered after their window was settled."""
+
+    def __init__(
+        self, backend: OutboxBackend, model: type[OutboxBase], using: str, pool: SlotPool
+    ) -> None:
+        self.backend = backend
+        self.model = model
+        self.using = using
+        self.pool = pool
+        self._holdings: dict[ShardTask, Holding] = {}
+        self._landed: deque[ShardTask] = deque()
+        self._wake = threading.Event()
+
+    @property
+    def running(self) -> bool:
+        return bool(self._holdings)
+
+    def adopt(self, tasks: list[ShardTask], lease: Lease) -> None:
+        """Keep `tasks`' shards leased until their slots finish them."""
+        keeper = LeaseKeeper.get()
+        for task in tasks:
+            own = Lease(lease.token, lease.holder, lease.seconds, [task.shard])
+            holding = Holding(self.backend, self.model, own)
+            self._holdings[task] = holding
+            keeper.hold(holding)
+            with task.lock:
+                landed_already = task.finished
+                task.on_finish = self._land
+            if landed_already:
+                self._land(task)
+
+    def _land(self, task: ShardTask) -> None:
+        self._landed.append(task)
+        self._wake.set()
+
+    def settle(self, stats: DrainStats, *, wait: float = 0.0) -> None:
+        """Settle the shards that landed and give up the calls past the timeout, after
+        waiting up to `wait` seconds for one to land."""
+        if wait and not self._landed:
+            self._wake.wait(wait)
+        self._wake.clear()
+        rounds: list[tuple[ShardTask, Round]] = []
+        while self._landed:
+            task = self._landed.popleft()
+            rounds.append((task, task.round))
+        rounds.extend(self._time_out())
+        if rounds:
+            self._settle(rounds, stats)
+        errors = [task.error for task, _ in rounds if task.error is not None]
+        if errors:
+            raise errors[0]
+        limit = outbox_settings.MAX_STUCK_RECEIVERS
+        if limit and self.pool.stuck > limit:
+            raise StuckReceivers(
+                f"{self.pool.stuck} receiver calls are still running past "
+                f"OUTBOX_RECEIVER_TIMEOUT_SECONDS (limit OUTBOX_MAX_STUCK_RECEIVERS={limit})"
+            )
+
+    def close(self, stats: DrainStats) -> None:
+        """Wait for every straggler to land or time out, settling each."""
+        while self._holdings:
+            self.settle(stats, wait=0.05)
+
+    def _time_out(self) -> list[tuple[ShardTask, Round]]:
+        timeout = outbox_settings.RECEIVER_TIMEOUT_SECONDS
+        if not timeout:
+            return []
+        now = time.monotonic()
+        given_up = []
+        for task in list(self._holdings):
+            with task.lock:
+                if task.finished or task.running_for(now) < timeout or task.abandoned:
+                    continue
+                task.abandoned = True
+                group = task.group
+                round_ = task.round.copy()
+            self.pool.abandon(task)
+            assert group is not None  # a call is running
+            logger.warning(
+                "outbox receiver call for shard %s ran past %ss; given up, its thread is stuck",
+                task.shard,
+                timeout,
+                extra={"event": "outbox.receiver_timeout", "shard": str(task.shard)},
+            )
+            error = TimeoutError(
+                f"receiver call ran past {timeout}s (OUTBOX_RECEIVER_TIMEOUT_SECONDS)"
+            )
+            failed, dead = judge(self.model, group, error, self.using)
+            (round_.dead if dead else round_.failures).append(failed)
+            round_.receiver_calls += 1
+            given_up.append((task, round_))
+        return given_up
+
+    def _settle(self, rounds: list[tuple[ShardTask, Round]], stats: DrainStats) -> None:
+        """One settle per window lease for these shards; then stop renewing them."""
+        by_token: dict[str, list[tuple[ShardTask, Round]]] = {}
+        for task, round_ in rounds:
+            by_token.setdefault(self._holdings[task].lease.token, []).append((task, round_))
+        for landed in by_token.values():
+            self._settle_lease(landed, stats)
+
+    def _settle_lease(self, landed: list[tuple[ShardTask, Round]], stats: DrainStats) -> None:
+        merged = Round()
+        for _, round_ in landed:
+            merged.merge(round_)
+        failed = {failure.shard for failure in merged.failures}
+        shards = [task.shard for task, _ in landed]
+        done = [key for key in shards if key not in failed and key not in merged.lost]
+        window_lease = self._holdings[landed[0][0]].lease
+        lease = Lease(window_lease.token, window_lease.holder, window_lease.seconds, shards)
+        settlement = merged.settlement(done)
+        try:
+            settled = retrying(lambda: self.backend.settle(self.model, lease, settlement))
+        finally:
+            keeper = LeaseKeeper.get()
+            for task, _ in landed:
+                keeper.drop(self._holdings.pop(task))
+        merged.lost.update(settled.lost)
+        events.leases_lost(self.model, merged.lost, self.using)
+        merged.add_to(stats, settled.deleted)

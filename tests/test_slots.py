@@ -1,0 +1,248 @@
+"""Receivers that wait: a drain delivers its claimed shards on several slot threads at
+once, one call at a time per shard, and a slow or hung call holds only its own shard."""
+
+import itertools
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+from django.db import connection
+
+from outbox.engine import drain_outboxes
+from outbox.engine.drainer import Drainer
+from outbox.exceptions import StuckReceivers
+from outbox.models import RegionOutbox, ShardLease
+from tests.conftest import committing
+from tests.factories import RegionOutboxFactory
+
+pytestmark = [committing]
+
+
+class Timeline:
+    """Each receiver call's shard, object, thread and start/end, written from any thread."""
+
+    def __init__(self, calls, wait=lambda kwargs: 0.0):
+        self.entries = []
+        self.lock = threading.Lock()
+        self.wait = wait
+        calls.during_call = self
+
+    def __call__(self, sender, kwargs):
+        started = time.monotonic()
+        delay = self.wait(kwargs)
+        if delay:
+            time.sleep(delay)
+        with self.lock:
+            self.entries.append(
+                (
+                    kwargs["shard_identifier"],
+                    kwargs["object_identifier"],
+                    (threading.current_thread().name, threading.get_ident()),
+                    started,
+                    time.monotonic(),
+                )
+            )
+
+    def by_shard(self):
+        shards = defaultdict(list)
+        for entry in sorted(self.entries, key=lambda e: e[3]):
+            shards[entry[0]].append(entry)
+        return shards
+
+    def most_at_once(self):
+        edges = sorted([(e[3], 1) for e in self.entries] + [(e[4], -1) for e in self.entries])
+        running = peak = 0
+        for _, step in edges:
+            running += step
+            peak = max(peak, running)
+        return peak
+
+
+def write(shards, per_shard=1):
+    RegionOutbox.objects.bulk_create(
+        [
+            RegionOutboxFactory.build(shard_identifier=shard, object_identifier=shard * 1000 + n)
+            for shard in range(shards)
+            for n in range(per_shard)
+        ]
+    )
+
+
+def assert_in_order_one_at_a_time(timeline):
+    for shard, entries in timeline.by_shard().items():
+        for previous, current in itertools.pairwise(entries):
+            assert current[3] >= previous[4], f"two calls of shard {shard} overlapped"
+        objects = [entry[1] for entry in entries]
+        assert objects == sorted(objects), f"shard {shard} delivered out of order"
+
+
+def test_slots_deliver_several_shards_at_once_each_in_order(calls, settings):
+    settings.OUTBOX_CONCURRENCY = 4
+    write(8, per_shard=3)
+    timeline = Timeline(calls, wait=lambda kwargs: 0.05)
+    stats = drain_outboxes([RegionOutbox])
+    assert stats.rows_retired == 24 and stats.receiver_calls == 24
+    assert_in_order_one_at_a_time(timeline)
+    assert timeline.most_at_once() >= 2  # calls of different shards really overlapped
+    assert len({entry[2] for entry in timeline.entries}) >= 2
+    assert all(entry[2][0] == "outbox-slot" for entry in timeline.entries)
+    assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()
+
+
+def test_concurrency_1_delivers_on_the_drains_own_thread(calls, settings):
+    settings.OUTBOX_CONCURRENCY = 1
+    write(4, per_shard=2)
+    timeline = Timeline(calls, wait=lambda kwargs: 0.01)
+    drain_outboxes([RegionOutbox])
+    assert timeline.most_at_once() == 1
+    assert {entry[2][0] for entry in timeline.entries} == {threading.current_thread().name}
+
+
+def test_receivers_that_return_at_once_stay_on_one_slot(calls, settings):
+    settings.OUTBOX_CONCURRENCY = 4
+    write(50)
+    timeline = Timeline(calls)
+    stats = drain_outboxes([RegionOutbox])
+    assert stats.rows_retired == 50
+    assert len({entry[2] for entry in timeline.entries}) == 1
+
+
+def test_drainer_concurrency_argument_overrides_the_setting(calls, settings):
+    settings.OUTBOX_CONCURRENCY = 1
+    write(6)
+    timeline = Timeline(calls, wait=lambda kwargs: 0.05)
+    Drainer(RegionOutbox, concurrency=3).drain()
+    assert timeline.most_at_once() >= 2
+
+
+def test_a_slow_receiver_holds_only_its_own_shard(calls, settings):
+    """While one call runs long, the drain settles the other shards and delivers a
+    shard written meanwhile."""
+    settings.OUTBOX_CONCURRENCY = 4
+    settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.2
+    write(6)
+    late_delivered = threading.Event()
+    seen_while_slow = {}
+
+    def wait(kwargs):
+        if kwargs["object_identifier"] == 99_000:
+            late_delivered.set()
+        elif kwargs["shard_identifier"] == 0:
+            time.sleep(0.6)  # long enough to be carved out of its window
+            RegionOutboxFactory(shard_identifier=99, object_identifier=99_000)
+            late_delivered.wait(10)
+            for _ in range(100):  # until the late shard's settle has run
+                if not RegionOutbox.objects.filter(shard_identifier=99).exists():
+                    break
+                time.sleep(0.05)
+            seen_while_slow["rows"] = sorted(
+                RegionOutbox.objects.values_list("shard_identifier", flat=True)
+            )
+        return 0.0
+
+    Timeline(calls, wait=wait)
+    stats = drain_outboxes([RegionOutbox])
+    assert late_delivered.is_set(), "the shard written meanwhile waited for the slow call"
+    assert seen_while_slow["rows"] == [0]  # the rest were settled while it ran
+    assert stats.rows_retired == 7
+    assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()
+
+
+def test_a_hung_call_times_out_as_a_failed_attempt_and_is_counted_stuck(calls, settings):
+    settings.OUTBOX_CONCURRENCY = 4
+    settings.OUTBOX_RECEIVER_TIMEOUT_SECONDS = 1.0
+    write(5)
+    release = threading.Event()
+
+    def wait(kwargs):
+        if kwargs["shard_identifier"] == 2:
+            release.wait(20)
+        return 0.0
+
+    Timeline(calls, wait=wait)
+    drainer = Drainer(RegionOutbox)
+    try:
+        stats = drainer.drain()
+    finally:
+        release.set()
+    assert stats.failures == 1 and stats.rows_retired == 4
+    hung = RegionOutbox.objects.get()
+    assert hung.shard_identifier == 2 and hung.attempts == 1
+    assert "TimeoutError" in hung.last_error
+    # The shard backs off like any failure; its thread ended once its call returned.
+    assert ShardLease.objects.backing_off().count() == 1
+    for _ in range(100):
+        if not any(t.name == "outbox-slot" for t in threading.enumerate()):
+            break
+        time.sleep(0.05)
+    assert not any(t.name == "outbox-slot" for t in threading.enumerate())
+    # Its late result was thrown away: the row stays for its retry.
+    assert RegionOutbox.objects.filter(pk=hung.pk).exists()
+
+
+def test_too_many_stuck_calls_stop_the_drain(calls, settings):
+    settings.OUTBOX_CONCURRENCY = 4
+    settings.OUTBOX_RECEIVER_TIMEOUT_SECONDS = 0.5
+    settings.OUTBOX_MAX_STUCK_RECEIVERS = 1
+    write(4)
+    release = threading.Event()
+    Timeline(calls, wait=lambda kwargs: release.wait(20) and 0.0)
+    try:
+        with pytest.raises(StuckReceivers):
+            drain_outboxes([RegionOutbox])
+    finally:
+        release.set()
+    assert RegionOutbox.objects.count() == 4  # every row kept for its retry
+
+
+def test_a_stop_settles_finished_calls_and_releases_unstarted_shards(calls, settings):
+    settings.OUTBOX_CONCURRENCY = 2
+    write(10)
+    stop = threading.Event()
+    finish_slow = threading.Event()
+
+    def wait(kwargs):
+        if kwargs["shard_identifier"] == 0:
+            stop.set()  # a stop arrives while shard 0's call runs
+            finish_slow.wait(1.0)
+        return 0.0
+
+    timeline = Timeline(calls, wait=wait)
+    drainer = Drainer(RegionOutbox, stop=stop)
+    stats = drainer.drain()
+    delivered = {entry[0] for entry in timeline.entries}
+    assert 0 in delivered and len(delivered) < 10
+    assert stats.rows_retired == len(delivered)
+    assert sorted(RegionOutbox.objects.values_list("shard_identifier", flat=True)) == [
+        shard for shard in range(10) if shard not in delivered
+    ]
+    assert not ShardLease.objects.exists()  # none left leased
+
+
+def test_slot_threads_and_their_connections_end_with_the_drain(calls, settings):
+    settings.OUTBOX_CONCURRENCY = 4
+    write(8)
+    Timeline(calls, wait=lambda kwargs: 0.02)
+    calls.journal = True  # each call writes through its slot's own connection
+    before = server_connections()
+    drain_outboxes([RegionOutbox])
+    assert not any(t.name == "outbox-slot" for t in threading.enumerate())
+    for _ in range(100):  # the server notices a closed connection a moment later
+        if server_connections() == before:
+            break
+        time.sleep(0.05)
+    assert server_connections() == before
+
+
+def server_connections():
+    """Connections to this test database, where the server can tell (else None)."""
+    if connection.vendor == "postgresql":
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    elif connection.vendor == "mysql":
+        sql = "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE()"
+    else:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchone()[0]
