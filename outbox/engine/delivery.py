@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.dispatch import Signal
 
 from outbox.backends.base import Group
 from outbox.categories import OutboxCategory, registry
+from outbox.engine.eventloop import async_caller
 from outbox.exceptions import NoReceiver, OutboxError
 from outbox.internals import live_receivers
 from outbox.models import OutboxBase
@@ -164,5 +164,5 @@ def _receivers(
     sync_receivers, async_receivers = live_receivers(signal, category)
     return [
         *((r, r) for r in sync_receivers),
-        *((r, async_to_sync(r)) for r in async_receivers),
+        *((r, async_caller(r)) for r in async_receivers),
     ]

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from django.db import connections
 
 from outbox.backends.base import Group
+from outbox.engine.eventloop import LazyEventLoop
 from outbox.engine.stats import Round
 from outbox.shards import ShardKey
 
@@ -170,6 +171,7 @@ class SlotPool:
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self.event_loop = LazyEventLoop()  # where the slots await async receivers
         self.stuck = 0  # threads still in a call that was given up
         self._runs: queue.SimpleQueue[WindowRun | None] = queue.SimpleQueue()
         self._threads: set[threading.Thread] = set()
@@ -196,8 +198,10 @@ class SlotPool:
             self._runs.put(None)
         for thread in threads:
             thread.join()
+        self.event_loop.close()
 
     def _slot(self) -> None:
+        self.event_loop.serve_this_thread()
         try:
             while True:
                 with self._lock:

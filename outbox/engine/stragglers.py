@@ -34,6 +34,8 @@ from outbox.models import OutboxBase
 
 logger = logging.getLogger("outbox.engine")
 
+ASYNC_CANCEL_SECONDS = 0.5
+
 
 class Stragglers:
     """One drain's shards still being delivered after their window was settled."""
@@ -107,7 +109,9 @@ class Stragglers:
         given_up = []
         for task in list(self._holdings):
             with task.lock:
-                if task.finished or task.running_for(now) < timeout or task.abandoned:
+                # An async call is cancelled at the timeout itself: leave it that moment.
+                late = task.running_for(now) >= timeout + ASYNC_CANCEL_SECONDS
+                if task.finished or not late or task.abandoned:
                     continue
                 task.abandoned = True
                 group = task.group
