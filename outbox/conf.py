@@ -44,10 +44,11 @@ class OutboxSettings:
     )
     RECEIVER_TIMEOUT_SECONDS: Setting[float] = Setting(
         60.0,
-        "With `OUTBOX_CONCURRENCY` above 1: a receiver call still running after this "
-        "long is given up as a failed attempt (`TimeoutError`): its shard is rescheduled "
-        "with back-off and released, and the thread, which Python cannot stop, is counted "
-        "as stuck. 0: no timeout.",
+        "With `OUTBOX_CONCURRENCY` above 1: an `async def` receiver call still running "
+        "after this long is cancelled, and a sync one is given up (about half a second "
+        "later; Python cannot stop it, so its thread is counted as stuck until it "
+        "returns). Either counts as a failed attempt (`TimeoutError`): its rows are "
+        "rescheduled with back-off and its shard's lease let go. 0: no timeout.",
         at_least=0,
     )
     MAX_STUCK_RECEIVERS: Setting[int] = Setting(

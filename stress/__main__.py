@@ -1,4 +1,5 @@
-"""`python -m stress [--db postgres|mariadb] [--short] [--no-faults]`: run, check, report.
+"""`python -m stress [--db postgres|mariadb] [--short] [--no-faults] [--concurrency N]
+[--receiver-ms MS]`: run, check, report.
 
 Writes stress/results/<name>.json (one object per database, merged with earlier runs)
 and <name>.md; <name> is `latest` for a full run, `short` for --short. Exits 1 when
@@ -26,8 +27,16 @@ def main() -> int:
     parser.add_argument("--db", choices=["postgres", "mariadb"], default="postgres")
     parser.add_argument("--short", action="store_true", help="a few thousand messages")
     parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument(
+        "--concurrency", type=int, default=8, help="slots per drainer (OUTBOX_CONCURRENCY)"
+    )
+    parser.add_argument(
+        "--receiver-ms", type=float, default=2.0, help="how long every receiver call waits"
+    )
     args = parser.parse_args()
     os.environ["STRESS_DB"] = args.db
+    os.environ["STRESS_CONCURRENCY"] = str(args.concurrency)
+    os.environ["STRESS_RECEIVER_MS"] = str(args.receiver_ms)
     os.environ.setdefault("STRESS_DB_NAME", "outbox_stress")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stress.settings")
     _setup()
@@ -41,7 +50,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f"stress-{args.db}-"))
     print(
         f"stress {plan.name} on {args.db}: {plan.messages} messages, {plan.shards} shards, "
-        f"{plan.writers} writers, {runner.DRAINERS} drainers; logs in {tmp}",
+        f"{plan.writers} writers, {runner.DRAINERS} drainers x {args.concurrency} slots, "
+        f"receivers waiting {args.receiver_ms:g} ms; logs in {tmp}",
         flush=True,
     )
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -55,6 +65,8 @@ def main() -> int:
         graceful_timeout_s=info["graceful_timeout_s"],
         finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         plan=plan.name,
+        concurrency=args.concurrency,
+        receiver_ms=args.receiver_ms,
     )
     (tmp / "faults.json").write_text(json.dumps({"info": info, "result": result}, indent=1))
     print(report.publish(name, args.db, result))

@@ -23,6 +23,7 @@ from outbox.signals import process_region_outbox
 from stress.outboxes import StressCategory, StressScope
 
 PROCESS = os.environ.get("STRESS_PROCESS", "stress")
+RECEIVER_SECONDS = float(os.environ.get("STRESS_RECEIVER_MS", "0")) / 1000
 DRAINER = PROCESS.startswith("drainer")
 _REFRESH_S = 0.3
 
@@ -136,6 +137,8 @@ def receive(sender: Any, **kwargs: Any) -> None:
     )
     if call.ok and DRAINER:
         _act_out(call)
+        if RECEIVER_SECONDS:
+            time.sleep(RECEIVER_SECONDS)  # a receiver that waits on another service
     call.end = time.time()
     call.save()
     if not call.ok:

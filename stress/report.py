@@ -36,6 +36,10 @@ def _pair(r: dict[str, Any], key: str, detail: str) -> str:
 
 ROWS: list[Row] = [
     ("messages (shards)", lambda r: f"{r['messages']} ({r['shards']})"),
+    (
+        "slots per drainer; receiver wait",
+        lambda r: f"{r.get('concurrency', 1)}; {r.get('receiver_ms', 0):g} ms",
+    ),
     ("receiver calls (by sync flush)", lambda r: f"{r['receiver_calls']} ({r['flush_calls']})"),
     ("faults", lambda r: _kinds(r["faults"])),
     ("lost", lambda r: r["lost"]),

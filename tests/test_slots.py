@@ -7,7 +7,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 from outbox.engine import drain_outboxes
 from outbox.engine.drainer import Drainer
@@ -116,12 +116,13 @@ def test_drainer_concurrency_argument_overrides_the_setting(calls, settings):
     assert timeline.most_at_once() >= 2
 
 
-def test_a_slow_receiver_holds_only_its_own_shard(calls, settings):
+@pytest.mark.parametrize("shards", [1, 6])
+def test_a_slow_receiver_holds_only_its_own_shard(calls, settings, shards):
     """While one call runs long, the drain settles the other shards and delivers a
-    shard written meanwhile."""
+    shard written meanwhile (also when the slow shard was claimed alone)."""
     settings.OUTBOX_CONCURRENCY = 4
     settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.2
-    write(6)
+    write(shards)
     late_delivered = threading.Event()
     seen_while_slow = {}
 
@@ -145,7 +146,7 @@ def test_a_slow_receiver_holds_only_its_own_shard(calls, settings):
     stats = drain_outboxes([RegionOutbox])
     assert late_delivered.is_set(), "the shard written meanwhile waited for the slow call"
     assert seen_while_slow["rows"] == [0]  # the rest were settled while it ran
-    assert stats.rows_retired == 7
+    assert stats.rows_retired == shards + 1
     assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()
 
 
@@ -202,17 +203,30 @@ def test_a_stop_settles_finished_calls_and_releases_unstarted_shards(calls, sett
     stop = threading.Event()
     finish_slow = threading.Event()
 
+    seen_during_call = {}
+
     def wait(kwargs):
-        if kwargs["shard_identifier"] == 0:
-            stop.set()  # a stop arrives while shard 0's call runs
-            finish_slow.wait(1.0)
+        if kwargs["shard_identifier"] == 3:
+            stop.set()  # a stop arrives while shard 3's call runs
+            for _ in range(100):  # the rest is settled and released while it still runs
+                if list(ShardLease.objects.values_list("shard_identifier", flat=True)) == [3]:
+                    break
+                time.sleep(0.05)
+            seen_during_call["leased"] = list(
+                ShardLease.objects.values_list("shard_identifier", flat=True)
+            )
+            seen_during_call["rows"] = RegionOutbox.objects.count()
+            finish_slow.set()
         return 0.0
 
     timeline = Timeline(calls, wait=wait)
     drainer = Drainer(RegionOutbox, stop=stop)
     stats = drainer.drain()
     delivered = {entry[0] for entry in timeline.entries}
-    assert 0 in delivered and len(delivered) < 10
+    assert {0, 1, 2, 3} <= delivered and len(delivered) < 10
+    assert seen_during_call["leased"] == [3]  # only the shard still in a call
+    # Every call finished before it was settled while shard 3's call still ran.
+    assert seen_during_call["rows"] == 10 - (len(delivered) - 1)
     assert stats.rows_retired == len(delivered)
     assert sorted(RegionOutbox.objects.values_list("shard_identifier", flat=True)) == [
         shard for shard in range(10) if shard not in delivered
@@ -246,3 +260,36 @@ def server_connections():
     with connection.cursor() as cursor:
         cursor.execute(sql)
         return cursor.fetchone()[0]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="terminates a PostgreSQL backend")
+def test_a_drain_that_fails_lets_its_stragglers_leases_expire(calls, settings):
+    """The drain's own connection dies while a carved-out shard still runs: the drain
+    raises, and the straggler's lease is no longer renewed, so the shard is retried."""
+    settings.OUTBOX_CONCURRENCY = 2
+    settings.OUTBOX_LEASE_SECONDS = 1.0
+    settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.2
+    write(2)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        drain_pid = cursor.fetchone()[0]
+    slow_once = threading.Event()
+
+    def wait(kwargs):
+        if kwargs["shard_identifier"] == 0 and not slow_once.is_set():
+            slow_once.set()
+            time.sleep(0.8)  # carved out of its window by now
+            with connection.cursor() as cursor:  # this slot's own connection
+                cursor.execute("SELECT pg_terminate_backend(%s)", [drain_pid])
+            time.sleep(0.5)
+            raise RuntimeError("this call fails, so shard 0 is delivered again")
+        return 0.0
+
+    Timeline(calls, wait=wait)
+    with pytest.raises(OperationalError):
+        drain_outboxes([RegionOutbox])
+    connection.close()
+    time.sleep(1.5)  # past the lease: nobody renews it any more
+    stats = drain_outboxes([RegionOutbox])
+    assert stats.rows_retired == 1
+    assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()

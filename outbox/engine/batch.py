@@ -104,7 +104,7 @@ class BatchWorker:
         (`outbox.engine.slots`) during a drain with concurrency."""
         # Receivers and lifecycle listeners are looked up once per window.
         self._report_processed = events.wants_processed(self.model)
-        if self._slots is not None and len(window.shards) > 1:
+        if self._slots is not None:  # a lone shard too: its call may hang
             self._deliver_on_slots(self._slots, window, holding, round_)
             return
         dispatch = self._new_dispatch()

@@ -99,6 +99,9 @@ class Drainer(BatchWorker):
         try:
             yield
             stragglers.close(stats)
+        except BaseException:
+            stragglers.abandon(stats)  # what it cannot settle is logged
+            raise
         finally:
             self._slots = self._stragglers = None
             slots.close()

@@ -212,6 +212,10 @@ class SlotPool:
                 if run is None:
                     return
                 run.work()
+                # A connection broken meanwhile (server restart, killed) is dropped
+                # here, as Django does between requests; the next call opens a new one.
+                for connection in connections.all(initialized_only=True):
+                    connection.close_if_unusable_or_obsolete()
         except Abandoned:
             with self._lock:
                 self.stuck -= 1

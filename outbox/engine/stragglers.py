@@ -101,6 +101,19 @@ class Stragglers:
         while self._holdings:
             self.settle(stats, wait=0.05)
 
+    def abandon(self, stats: DrainStats) -> None:
+        """`close` while an error propagates: what fails here is logged, not raised, and
+        the leases of shards left unsettled are no longer renewed (they expire)."""
+        try:
+            self.close(stats)
+        except Exception:
+            logger.warning("outbox could not settle a straggling shard", exc_info=True)
+        finally:
+            keeper = LeaseKeeper.get()
+            for holding in self._holdings.values():
+                keeper.drop(holding)
+            self._holdings.clear()
+
     def _time_out(self) -> list[tuple[ShardTask, Round]]:
         timeout = outbox_settings.RECEIVER_TIMEOUT_SECONDS
         if not timeout:

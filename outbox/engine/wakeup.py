@@ -43,6 +43,12 @@ class StopEvent(threading.Event):
     def __init__(self) -> None:
         super().__init__()
         self.on_set: list[Callable[[], None]] = []
+        # Set by a signal handler, which must take no lock: `is_set()` is true at once,
+        # so no slot starts another receiver call before the waiting thread `set()`s.
+        self.requested = False
+
+    def is_set(self) -> bool:
+        return self.requested or super().is_set()
 
     def set(self) -> None:
         super().set()

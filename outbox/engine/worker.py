@@ -115,6 +115,7 @@ class DrainWorker:
         """Stop gracefully; a second request forces. Takes no lock (see the module doc),
         so it is a signal handler as it stands."""
         self._requests.append((signum, time.monotonic()))
+        self._stop.requested = True
 
     @classmethod
     def stop_all(cls) -> None:
