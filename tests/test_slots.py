@@ -7,7 +7,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections
 
 from outbox.engine import drain_outboxes
 from outbox.engine.drainer import Drainer
@@ -293,3 +293,24 @@ def test_a_drain_that_fails_lets_its_stragglers_leases_expire(calls, settings):
     stats = drain_outboxes([RegionOutbox])
     assert stats.rows_retired == 1
     assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()
+
+
+def test_a_window_that_reads_nothing_ends(calls, settings):
+    """Shards holding exactly their share of a window are read once more, empty, to learn
+    that they are done (ordered streams: many rows per shard); on slots that empty window
+    must end too."""
+    settings.OUTBOX_CONCURRENCY = 4
+    write(100, per_shard=100)
+    result = {}
+
+    def drain_in_thread():
+        try:
+            result["stats"] = drain_outboxes([RegionOutbox])
+        finally:
+            connections.close_all()
+
+    drain = threading.Thread(target=drain_in_thread, daemon=True)
+    drain.start()
+    drain.join(20)
+    assert not drain.is_alive(), "the drain waited for an empty window"
+    assert result["stats"].rows_retired == 10_000

@@ -103,6 +103,8 @@ class WindowRun:
         self.lock = threading.Lock()
         self.done = threading.Event()
         self._unfinished = len(tasks)
+        if not tasks:  # a window whose shards had nothing left to read
+            self.done.set()
 
     def work(self) -> None:
         """On a slot: deliver queued shards until none is left."""
