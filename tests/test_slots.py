@@ -167,7 +167,8 @@ def test_a_hung_call_times_out_as_a_failed_attempt_and_is_counted_stuck(calls, s
         stats = drainer.drain()
     finally:
         release.set()
-    assert stats.failures == 1 and stats.rows_retired == 4
+    assert stats.failures == 1 and stats.rows_retired == 4 and stats.timed_out == 1
+    assert "receiver calls timed out 1" in stats.summary()
     hung = RegionOutbox.objects.get()
     assert hung.shard_identifier == 2 and hung.attempts == 1
     assert "TimeoutError" in hung.last_error

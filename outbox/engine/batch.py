@@ -20,7 +20,8 @@ from outbox.engine.collector import collector_paused
 from outbox.engine.failures import judge
 from outbox.engine.keeper import Holding, LeaseKeeper
 from outbox.engine.rounds import cut_at_bounds, done_shards, release_quietly, retrying
-from outbox.engine.slots import ShardTask, SlotPool, deliver_window
+from outbox.engine.shard_tasks import ShardTask
+from outbox.engine.slots import SlotPool, deliver_window
 from outbox.engine.stats import DrainStats, Round
 from outbox.engine.stragglers import Stragglers
 from outbox.models import OutboxBase
@@ -122,21 +123,23 @@ class BatchWorker:
         when the rest are done go on as stragglers (`round_.running`)."""
         per_slot = threading.local()  # one Dispatch per slot thread and window
 
-        def deliver(task: ShardTask) -> None:
+        def deliver(task: ShardTask, shard: ShardKey, groups: list[Group], into: Round) -> None:
             dispatch = getattr(per_slot, "dispatch", None) or self._new_dispatch()
             per_slot.dispatch = dispatch
-            self._deliver_shard(task.shard, task.groups, holding, task.round, dispatch, task)
+            self._deliver_shard(shard, groups, holding, into, dispatch, task)
 
-        tasks = [ShardTask(shard, groups) for shard, groups in window.shards.items()]
-        run = deliver_window(slots, tasks, deliver, start_wide=self._wide, stopping=self.stop)
-        self._wide = run.slow
+        shards = list(window.shards.items())
+        run = deliver_window(slots, shards, deliver, start_wide=self._wide, stopping=self.stop)
+        self._wide = run.slow or bool(run.carved)
         for task in run.finished:
             round_.merge(task.round)
-        carved = [task for task in tasks if task.detached]
-        if carved:
+        for task in run.carved:
+            if task.window_part is not None:
+                round_.merge(task.window_part)
+        if run.carved:
             assert self._stragglers is not None
-            self._stragglers.adopt(carved, holding.lease)
-            round_.running.update(task.shard for task in carved)
+            self._stragglers.adopt(run.carved, holding.lease)
+            round_.running.update(task.shard for task in run.carved)
         errors = [task.error for task in run.finished if task.error is not None]
         if errors:
             raise errors[0]

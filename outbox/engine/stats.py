@@ -17,6 +17,7 @@ class DrainStats:
     failures: int = 0  # failed deliveries kept for a retry
     dead_lettered: int = 0  # messages given up as dead letters
     leases_lost: int = 0
+    timed_out: int = 0  # sync receiver calls given up at the timeout (threads stuck)
     seconds: float = 0.0
     failed_keys: list[ShardKey] = field(default_factory=list)
 
@@ -48,7 +49,9 @@ class DrainStats:
             f"shards {self.shards}, receiver calls {self.receiver_calls}, "
             f"rows retired {self.rows_retired} ({self.coalesced} coalesced), "
             f"failures {self.failures}, dead-lettered {self.dead_lettered}, "
-            f"leases lost {self.leases_lost}, {self.seconds:.2f}s"
+            f"leases lost {self.leases_lost}, "
+            + (f"receiver calls timed out {self.timed_out}, " if self.timed_out else "")
+            + f"{self.seconds:.2f}s"
         )
 
 
@@ -74,15 +77,43 @@ class Round:
         )
 
     def merge(self, other: Round) -> None:
-        """Add what `other` did (another shard's round) to this one."""
-        for shard, row_ids in other.delivered.items():
-            self.delivered.setdefault(shard, []).extend(row_ids)
-        self.failures.extend(other.failures)
-        self.dead.extend(other.dead)
-        self.lost.update(other.lost)
+        """Add what `other` did, a round of other shards, to this one."""
+        if other.delivered:
+            self.delivered.update(other.delivered)
+        if other.failures or other.dead or other.lost:
+            self.failures.extend(other.failures)
+            self.dead.extend(other.dead)
+            self.lost.update(other.lost)
         self.receiver_calls += other.receiver_calls
         self.groups_delivered += other.groups_delivered
         self.retired_inline += other.retired_inline
+
+    def without(self, shard: ShardKey) -> Round:
+        """This round but for what it did on `shard` (its counters kept as they are)."""
+        part = Round(
+            delivered={key: ids for key, ids in self.delivered.items() if key != shard},
+            failures=[failure for failure in self.failures if failure.shard != shard],
+            dead=[failure for failure in self.dead if failure.shard != shard],
+            lost=self.lost - {shard},
+        )
+        part.receiver_calls = self.receiver_calls
+        part.groups_delivered = self.groups_delivered
+        part.retired_inline = self.retired_inline
+        return part
+
+    def only(self, shard: ShardKey, since: Round) -> Round:
+        """What this round did on `shard`, counting only the calls made after `since`
+        (an earlier copy of this round whose counters were counted already)."""
+        part = Round(
+            delivered={shard: list(self.delivered[shard])} if shard in self.delivered else {},
+            failures=[failure for failure in self.failures if failure.shard == shard],
+            dead=[failure for failure in self.dead if failure.shard == shard],
+            lost=self.lost & {shard},
+        )
+        part.receiver_calls = self.receiver_calls - since.receiver_calls
+        part.groups_delivered = self.groups_delivered - since.groups_delivered
+        part.retired_inline = self.retired_inline - since.retired_inline
+        return part
 
     def copy(self) -> Round:
         copied = Round()

@@ -27,7 +27,8 @@ from outbox.conf import outbox_settings
 from outbox.engine.failures import judge
 from outbox.engine.keeper import Holding, LeaseKeeper
 from outbox.engine.rounds import retrying
-from outbox.engine.slots import ShardTask, SlotPool
+from outbox.engine.shard_tasks import ShardTask
+from outbox.engine.slots import SlotPool
 from outbox.engine.stats import DrainStats, Round
 from outbox.exceptions import StuckReceivers
 from outbox.models import OutboxBase
@@ -82,8 +83,11 @@ class Stragglers:
         rounds: list[tuple[ShardTask, Round]] = []
         while self._landed:
             task = self._landed.popleft()
-            rounds.append((task, task.round))
-        rounds.extend(self._time_out())
+            with task.lock:
+                rounds.append((task, task.straggler_round()))
+        given_up = self._time_out()
+        stats.timed_out += len(given_up)
+        rounds.extend(given_up)
         if rounds:
             self._settle(rounds, stats)
         errors = [task.error for task, _ in rounds if task.error is not None]
@@ -128,7 +132,7 @@ class Stragglers:
                     continue
                 task.abandoned = True
                 group = task.group
-                round_ = task.round.copy()
+                round_ = task.straggler_round()
             self.pool.abandon(task)
             assert group is not None  # a call is running
             logger.warning(
