@@ -36,7 +36,7 @@ class OutboxSettings:
         "How many claimed shards one drain delivers at the same time, each on a thread "
         "with database connections of its own (one shard is still one call at a time, in "
         "order). A drain whose receivers return at once keeps delivering on one thread; "
-        "the others start when a call takes a millisecond or more. 1 delivers every "
+        "the others join when calls take a millisecond or more. 1 delivers every "
         "shard on the drain's own thread, one call at a time. `drain_outboxes "
         "--concurrency` overrides it. The synchronous flush after commit always delivers "
         "in the committing thread.",

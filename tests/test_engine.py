@@ -271,6 +271,7 @@ def test_query_count_does_not_grow_with_shards_or_groups(shards, groups, setting
 
 @pytest.mark.parametrize("shards", [500, 1500])
 def test_one_message_per_shard_costs_statements_per_window_not_per_shard(shards, settings):
+    settings.OUTBOX_CONCURRENCY = 8  # a first claim of 16 shards a slot: all 100
     settings.OUTBOX_BATCH_SHARDS = 100
     settings.OUTBOX_BATCH_ROWS = 2000
     RegionOutbox.objects.bulk_create(

@@ -72,10 +72,7 @@ class BatchWorker:
                     self._deliver(window, holding, round_)
                     delivered = defer and not round_.running
                 finally:
-                    failed = {failure.shard for failure in round_.failures}
-                    settling = [key for key in active if key not in round_.running]
-                    done = done_shards(settling, window, reached, failed)
-                    finished = {*done, *failed, *round_.lost, *round_.running}
+                    done, finished = self._round_end(active, window, reached, round_)
                     if delivered and all(key in finished for key in active):
                         pending = self._defer(lease, round_, done, holding, stats)
                     else:
@@ -92,6 +89,17 @@ class BatchWorker:
                 keeper.drop(holding)
                 self._release_remaining(lease)
         return stats, pending
+
+    @staticmethod
+    def _round_end(
+        active: list[ShardKey], window: Window, reached: set[ShardKey], round_: Round
+    ) -> tuple[list[ShardKey], set[ShardKey]]:
+        """The shards a round is done with (release them), and all it is through with:
+        done, failed, lost, or carved out to finish on their own."""
+        failed = {failure.shard for failure in round_.failures}
+        settling = [key for key in active if key not in round_.running]
+        done = done_shards(settling, window, reached, failed)
+        return done, {*done, *failed, *round_.lost, *round_.running}
 
     def _window_rows(self) -> int:
         return outbox_settings.BATCH_ROWS

@@ -90,11 +90,10 @@ class Drainer(BatchWorker):
     def _delivering_on_slots(self, stats: DrainStats) -> Iterator[None]:
         """With concurrency above 1, deliver on slot threads inside the block; on leaving
         it, wait for the stragglers (settling each), then end the slot threads."""
-        concurrency = self.concurrency or outbox_settings.CONCURRENCY
-        if concurrency <= 1:
+        if self._slot_count <= 1:
             yield
             return
-        slots = self._slots = SlotPool(concurrency)
+        slots = self._slots = SlotPool(self._slot_count)
         stragglers = self._stragglers = Stragglers(self.backend, self.model, self.using, slots)
         try:
             yield
@@ -114,17 +113,14 @@ class Drainer(BatchWorker):
         one runs (see `outbox.engine.behind`), and the next two are claimed while this
         one is read and delivered (`outbox.engine.ahead`)."""
         idle_rounds = full_in_a_row = 0
-        concurrency = self.concurrency or outbox_settings.CONCURRENCY
-        limit = self._pace.limit(outbox_settings.BATCH_SHARDS, concurrency)
+        limit = self._pace.limit(outbox_settings.BATCH_SHARDS, self._slot_count)
         pending: Pending | None = None  # the last batch, delivered, not settled yet
         ahead = ClaimAhead(self.backend, self.model)  # no thread until it starts
         try:
             while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 if behind is not None and behind.busy and not full_in_a_row:
                     behind.wait(stats)  # the backlog looks done: release its last shards
-                if self._stragglers is not None:
-                    self._stragglers.settle(stats)
-                claimed = self._next_claim(ahead, limit)
+                claimed = self._next_claim(ahead, limit, stats)
                 lease = claimed.lease
                 if not lease.shards and behind is not None and (pending or behind.busy):
                     # Shards still being settled were leased to that claim: settle
@@ -136,19 +132,15 @@ class Drainer(BatchWorker):
                     self._settle_behind(behind, pending, stats, claimed, ahead)
                     pending = None
                 if not lease.shards:
-                    if self._stragglers is None or not self._stragglers.running:
-                        break
-                    # Shards written meanwhile are claimed while the stragglers run.
-                    self._stragglers.settle(stats, wait=outbox_settings.LOOP_INTERVAL_SECONDS / 4)
-                    continue
+                    if self._waited_for_stragglers(stats):
+                        continue  # claim again: shards may have been written meanwhile
+                    break
                 full_in_a_row = full_in_a_row + 1 if len(lease.shards) >= limit else 0
                 defer = behind is not None and full_in_a_row >= 2
                 while defer and ahead.started < CLAIMS_AHEAD:
                     ahead.start(self._claimer(limit))
-                batch_started = time.monotonic()
-                batch, pending = self._work(lease, None, defer=defer, holding=claimed.holding)
+                batch, pending = self._work_paced(claimed, defer)
                 stats.add(batch)
-                self._pace.observe(batch, time.monotonic() - batch_started)
                 limit = self._next_limit(batch, full=full_in_a_row > 0)
                 # A batch whose shards all came back empty (drained by someone else a
                 # moment ago) is no progress; never spin on those.
@@ -164,10 +156,32 @@ class Drainer(BatchWorker):
         if behind is not None:
             behind.close(stats, pending)
 
-    def _next_claim(self, ahead: ClaimAhead, limit: int) -> Claimed:
-        """The batch claimed ahead, if any, else a claim now. A claim made ahead that
-        won nothing may predate a settle that let shards go with rows written to them
-        meanwhile: the drain never ends on it, but claims again."""
+    @property
+    def _slot_count(self) -> int:
+        return self.concurrency or outbox_settings.CONCURRENCY
+
+    def _work_paced(self, claimed: Claimed, defer: bool) -> tuple[DrainStats, Pending | None]:
+        """Work a claimed batch (`_work`), noting how long it took per shard."""
+        started = time.monotonic()
+        batch, pending = self._work(claimed.lease, None, defer=defer, holding=claimed.holding)
+        self._pace.observe(batch, time.monotonic() - started)
+        return batch, pending
+
+    def _waited_for_stragglers(self, stats: DrainStats) -> bool:
+        """Nothing was claimed: while shards carved out of their windows still run,
+        settle those that land, wait a little and say so (True); else False."""
+        if self._stragglers is None or not self._stragglers.running:
+            return False
+        self._stragglers.settle(stats, wait=outbox_settings.LOOP_INTERVAL_SECONDS / 4)
+        return True
+
+    def _next_claim(self, ahead: ClaimAhead, limit: int, stats: DrainStats) -> Claimed:
+        """The batch claimed ahead, if any, else a claim now (first settling the
+        stragglers that landed). A claim made ahead that won nothing may predate a
+        settle that let shards go with rows written to them meanwhile: the drain never
+        ends on it, but claims again."""
+        if self._stragglers is not None:
+            self._stragglers.settle(stats)
         if ahead.started:
             claimed = ahead.take()
             if claimed.lease.shards:
@@ -181,7 +195,7 @@ class Drainer(BatchWorker):
         each (a backend may then look for them differently)."""
         self._small = full and 0 < rows_per_shard(batch) <= 1.5
         budget = shard_budget(self.backend.wide_batches, batch)
-        return self._pace.limit(budget, self.concurrency or outbox_settings.CONCURRENCY)
+        return self._pace.limit(budget, self._slot_count)
 
     def _claimer(self, limit: int) -> Callable[[], Lease]:
         """The next claim, to run ahead on another thread."""
