@@ -1,4 +1,4 @@
-"""The bench Django app: connects the trivial receivers at start-up."""
+"""The bench Django app: connects the trivial receivers and the waiting ones at start-up."""
 
 from __future__ import annotations
 
@@ -11,4 +11,5 @@ class BenchConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from bench import receivers  # noqa: F401  (connects the receivers)
+        # Importing them connects the receivers.
+        from bench import receivers, waiting_receivers  # noqa: F401

@@ -15,6 +15,8 @@ class BenchCategory(OutboxCategory):
     OBJECT_UPDATE = 903  # heavy coalescing: many updates per object
     SYNC_FLUSH = 904  # synchronous flush latency
     ITEM_UPDATE = 905  # write overhead
+    WAIT_SYNC = 906  # receivers that wait: a sync receiver sleeping (bench.waiting)
+    WAIT_ASYNC = 907  # receivers that wait: an `async def` receiver awaiting a sleep
 
 
 class BenchScope(OutboxScope):
@@ -22,3 +24,4 @@ class BenchScope(OutboxScope):
     STREAM = 901, {BenchCategory.STREAM_UPDATE}
     OBJECT = 902, {BenchCategory.OBJECT_UPDATE, BenchCategory.ITEM_UPDATE}
     SYNC = 903, {BenchCategory.SYNC_FLUSH}
+    WAIT = 904, {BenchCategory.WAIT_SYNC, BenchCategory.WAIT_ASYNC}

@@ -21,6 +21,7 @@ MODULES = {
     "wakeup": "bench.wakeup",
     "sustained": "bench.sustained",
     "mariadb": "bench.mariadb",
+    "waiting": "bench.waiting",
 }
 
 

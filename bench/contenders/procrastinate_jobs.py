@@ -14,12 +14,16 @@ fetch then checks the lock against every other job, a cost that grows with the b
 Measured: the drain only. One worker (`concurrency=1`, like one drain process),
 `wait=False` so it stops once the queue is empty, `delete_jobs="successful"` so finished
 jobs are deleted like delivered outbox rows. There is no coalescing: every message runs.
+
+`defer_messages` and `work` also serve the "Receivers that wait" section
+(`bench.waiting`), with its waiting task and a worker `concurrency` above 1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 DEFER_CHUNK = 2000
@@ -33,10 +37,16 @@ def available() -> bool:
 
 def defer_shape(shape: Any, lock: bool) -> int:
     """Defer one job per message of `shape` (setup, in the parent process)."""
+    from bench.tasks import deliver
+
+    return defer_messages(deliver, shape.messages(), lock)
+
+
+def defer_messages(task: Any, messages: Iterable[dict[str, Any]], lock: bool = False) -> int:
+    """Defer one job of `task` per message (its keyword arguments), `DEFER_CHUNK` jobs
+    per transaction; with `lock`, each job's lock is its shard."""
     from django.db import transaction
     from procrastinate.contrib.django import app
-
-    from bench.tasks import deliver
 
     deferred = 0
     chunk: list[Any] = []
@@ -45,9 +55,9 @@ def defer_shape(shape: Any, lock: bool) -> int:
         with transaction.atomic():
             app.job_manager.batch_defer_jobs(chunk)
 
-    for message in shape.messages():
+    for message in messages:
         shard = f"{message['shard_scope']}:{message['shard_identifier']}"
-        chunk.append(deliver.configure(lock=shard if lock else None).make_new_job(**message))
+        chunk.append(task.configure(lock=shard if lock else None).make_new_job(**message))
         if len(chunk) >= DEFER_CHUNK:
             flush()
             deferred += len(chunk)
@@ -69,16 +79,23 @@ def remaining_jobs() -> dict[str, int]:
 
 def run(budget: float) -> dict[str, Any]:
     """Run one worker until the queue is empty or `budget` runs out (in a bench worker)."""
-    from procrastinate.contrib.django import app
-
     from bench import tasks
 
-    async def work() -> bool:
+    complete = work(budget, tasks.QUEUE, concurrency=1)
+    return {"receiver_calls": tasks.calls, "rows_retired": tasks.calls, "complete": complete}
+
+
+def work(budget: float, queue: str, concurrency: int) -> bool:
+    """One worker with `concurrency` on `queue` until it is empty (True) or `budget`
+    runs out (False)."""
+    from procrastinate.contrib.django import app
+
+    async def serve() -> bool:
         async with app.open_async():
             worker = asyncio.create_task(
                 app.run_worker_async(
-                    queues=[tasks.QUEUE],
-                    concurrency=1,
+                    queues=[queue],
+                    concurrency=concurrency,
                     wait=False,
                     delete_jobs="successful",
                     install_signal_handlers=False,
@@ -96,5 +113,4 @@ def run(budget: float) -> dict[str, Any]:
 
     # As `manage.py procrastinate worker` does: the worker gets its own async connector.
     with app.replace_connector(app.connector.get_worker_connector()):  # type: ignore[attr-defined]
-        complete = asyncio.run(work())
-    return {"receiver_calls": tasks.calls, "rows_retired": tasks.calls, "complete": complete}
+        return asyncio.run(serve())

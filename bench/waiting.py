@@ -1,0 +1,291 @@
+"""Receivers that wait: how the drain's concurrency turns receivers that wait on the
+network (here: a sleep) into throughput, on PostgreSQL.
+
+Each shape (`bench.waiting_runs.Plan`) is loaded, then drained by one-shot
+`drain_outboxes(concurrency=N)` calls in fresh worker processes released together
+(`bench.workers`), timed from the first drain's start to the last one's end. Every
+message is its own object (nothing coalesces), so every message is one call, and the
+receivers (`bench.waiting_receivers`) record each call: lost and duplicate deliveries
+are counted per (shard, object), and each shard's calls, ordered by start, must come in
+the shard's order. The ideal rate keeps every slot busy all the time:
+min(shards, concurrency x processes) / wait.
+
+- sync 10 ms at concurrency 32, at the default concurrency and at concurrency 1;
+- the concurrency-1 shape in 4 processes at once (one-shot drains), against 1 process;
+- an `async def` receiver awaiting a 50 ms sleep, one message per shard, concurrency 200;
+- 20 messages per shard (order kept across the slots), concurrency 32;
+- one call hung among the shards (concurrency 8): when every other shard was delivered
+  (its last call returned) and settled (its rows deleted, polled every 10 ms), from the
+  drain's start; its OUTBOX_RECEIVER_TIMEOUT_SECONDS is set so the drain gives the hung
+  call up instead of waiting it out;
+- procrastinate's worker at `concurrency` 32 on the same messages as jobs of a sync task
+  that sleeps 10 ms (`bench.tasks.wait`).
+
+Goals are reported, met or missed ("missed_goals"), and never fail the run; a lost,
+duplicate or out-of-order call fails it in any mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bench import waiting_report
+from bench.waiting_runs import Plan, SettleWatch, left, load, tally
+
+TITLE = "Receivers that wait (concurrency, async receivers, a hung call)"
+markdown = waiting_report.markdown
+
+HUNG_GOAL_S = 2.0  # every other shard settled within this long of the drain's start
+PROCESS_GOAL = 0.75  # N processes at concurrency 1: at least 0.75 x N times one process
+PROCRASTINATE_GOAL = 2.0  # ours at concurrency 32 over procrastinate's worker at 32
+
+
+@dataclass(frozen=True)
+class Sizes:
+    sync: tuple[int, int]  # shards, messages per shard of the sync shapes
+    async_shards: int  # one message each
+    ordered_shards: int  # 20 messages each
+    hung_shards: int  # 2 messages each
+    hang_s: float  # how long the hung call waits
+    timeout_s: float  # OUTBOX_RECEIVER_TIMEOUT_SECONDS of the hung shape's drain
+    processes: int  # one-shot drains at once, against one
+    rounds: int  # each shape's median of this many runs (the hung one: one run)
+    budget_s: float  # seconds a drain may take
+
+
+MODES = {
+    "smoke": Sizes((20, 10), 200, 10, 20, 3.0, 1.0, 2, 1, 30.0),
+    "quick": Sizes((200, 10), 2_000, 100, 100, 30.0, 5.0, 4, 1, 90.0),
+    "full": Sizes((200, 10), 2_000, 100, 100, 30.0, 5.0, 4, 3, 90.0),
+}
+
+
+def plans(mode: str) -> list[Plan]:
+    """Every shape of `mode`, in the order they run."""
+    return [*_sync_plans(MODES[mode]), *_other_plans(MODES[mode])]
+
+
+def _sync_plans(sizes: Sizes) -> list[Plan]:
+    """The sync 10 ms shapes of the same messages: concurrency 32, the default, 1, and
+    concurrency 1 in several processes; procrastinate's worker at 32."""
+    from outbox.conf import outbox_settings
+
+    shards, per_shard = sizes.sync
+    title = f"{shards * per_shard:,} / {shards:,} shards, sync 10 ms"
+    default = outbox_settings.CONCURRENCY
+    same = {"shards": shards, "per_shard": per_shard, "wait_s": 0.01}
+    return [
+        Plan("sync_c32", f"{title}, concurrency 32", concurrency=32, goal=0.7, **same),
+        Plan(
+            "sync_default",
+            f"{title}, default concurrency ({default})",
+            concurrency=default,
+            default_concurrency=True,
+            **same,
+        ),
+        Plan("sync_c1", f"{title}, concurrency 1", concurrency=1, **same),
+        Plan(
+            "sync_c1_processes",
+            f"{title}, concurrency 1, {sizes.processes} processes",
+            concurrency=1,
+            processes=sizes.processes,
+            **same,
+        ),
+        Plan(
+            "procrastinate_c32",
+            f"procrastinate: {shards * per_shard:,} jobs, sync 10 ms, worker concurrency 32",
+            concurrency=32,
+            procrastinate=True,
+            **same,
+        ),
+    ]
+
+
+def _other_plans(sizes: Sizes) -> list[Plan]:
+    """The async shape, the ordered one and the hung one."""
+    shards, ordered, hung = sizes.async_shards, sizes.ordered_shards, sizes.hung_shards
+    return [
+        Plan(
+            "async_c200",
+            f"{shards:,} / {shards:,} shards, async 50 ms, concurrency 200",
+            shards,
+            1,
+            0.05,
+            200,
+            asynchronous=True,
+            goal=0.6,
+        ),
+        Plan(
+            "ordered_c32",
+            f"{ordered * 20:,} / {ordered} shards (20 each), sync 10 ms, concurrency 32",
+            ordered,
+            20,
+            0.01,
+            32,
+            goal=0.7,
+        ),
+        Plan(
+            "hung_c8",
+            f"{hung * 2:,} / {hung} shards, sync 10 ms, one call hung {sizes.hang_s:.0f} s, "
+            "concurrency 8",
+            hung,
+            2,
+            0.01,
+            8,
+            hang_s=sizes.hang_s,
+            timeout_s=sizes.timeout_s,
+        ),
+    ]
+
+
+def measure(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """The section (see the module docstring). A harness failure is reported as a problem
+    of a skipped section, so the other sections' results are still written."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return {"skipped": "the section runs on PostgreSQL"}
+    try:
+        return _measure(mode, log)
+    except Exception as exc:
+        log("waiting failed:\n" + traceback.format_exc())
+        return {"skipped": f"failed: {exc}", "problems": [f"waiting: failed: {exc}"]}
+
+
+def _measure(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
+    from bench.db import reset
+
+    load_start = list(os.getloadavg())
+    rounds, budget = MODES[mode].rounds, MODES[mode].budget_s
+    skipped = _procrastinate_missing()
+    selected = [plan for plan in plans(mode) if not (plan.procrastinate and skipped)]
+    runs: dict[str, list[dict[str, Any]]] = {plan.name: [] for plan in selected}
+    problems: list[str] = []
+    for round_ in range(rounds):
+        for plan in selected:
+            if plan.hang_s and round_:
+                continue  # timed by its goal, not a rate: once is enough
+            result = _run(plan, budget)
+            runs[plan.name].append(result)
+            problems += result.pop("problems")
+            log(waiting_report.progress(plan, result))
+    reset()
+    shapes = {name: _median(results) for name, results in runs.items()}
+    comparisons = waiting_report.comparisons(shapes, PROCESS_GOAL, PROCRASTINATE_GOAL)
+    return {
+        "shapes": shapes,
+        "comparisons": comparisons,
+        "procrastinate_skipped": skipped,
+        "procrastinate_threads": min(32, (os.cpu_count() or 1) + 4),
+        "rounds": rounds,
+        "load_average_start": load_start,
+        "load_average_end": list(os.getloadavg()),
+        "problems": problems,
+        "missed_goals": _missed(shapes, comparisons),
+    }
+
+
+def _missed(shapes: dict[str, Any], comparisons: list[dict[str, Any]]) -> list[str]:
+    """The goals this run missed, in words."""
+    missed = [
+        f"waiting: {shape['title']}: goal {shape['goal_text']} missed"
+        for shape in shapes.values()
+        if shape["met"] is False
+    ]
+    missed += [
+        f"waiting: {c['what']} = {c['value']:.2f}, goal {c['goal']}"
+        for c in comparisons
+        if c["met"] is False
+    ]
+    return missed
+
+
+def _procrastinate_missing() -> str | None:
+    from django.conf import settings
+
+    if not getattr(settings, "HAS_PROCRASTINATE", False):
+        return "procrastinate is not installed (pip install -e '.[bench]')"
+    return None
+
+
+def _median(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median rate, with every run's rate in `runs_per_s`."""
+    ranked = sorted(results, key=lambda result: result["per_s"])
+    return {**ranked[(len(ranked) - 1) // 2], "runs_per_s": [r["per_s"] for r in results]}
+
+
+def _run(plan: Plan, budget: float) -> dict[str, Any]:
+    """Load the plan's messages, drain them in its processes, and describe the run."""
+    from bench.workers import run_processes
+
+    loaded = load(plan)
+    if plan.procrastinate:
+        target, kwargs = "bench.waiting_runs.procrastinate", {"concurrency": plan.concurrency}
+    else:
+        # The default concurrency is the drain's own: it is given none.
+        concurrency = None if plan.default_concurrency else plan.concurrency
+        kwargs = {"concurrency": concurrency, "timeout": plan.timeout_s}
+        target = "bench.waiting_runs.drain"
+    watch = SettleWatch() if plan.hang_s else None
+    with watch or contextlib.nullcontext():
+        run = run_processes(target, plan.processes, budget, **kwargs)
+    started = min(result["drain_started"] for result in run.results)
+    seconds = max(result["drain_finished"] for result in run.results) - started
+    records = [record for result in run.results for record in result["records"]]
+    rows_left = left(plan)
+    result: dict[str, Any] = {
+        **plan.describe(),
+        "loaded": loaded,
+        "retired": loaded - rows_left,
+        "left": rows_left,
+        "seconds": seconds,
+        "failures": sum(int(r.get("failures", 0)) for r in run.results),
+        "complete": all(r["complete"] for r in run.results),
+        **tally(plan, records, started),
+    }
+    if plan.processes > 1:
+        result["per_process"] = [
+            {"calls": len(r["records"]), "ended_s": r["drain_finished"] - started}
+            for r in run.results
+        ]
+    if watch is not None:
+        result["settled_s"] = watch.settled_at - started if watch.settled_at else None
+        result["receiver_timeout_s"] = plan.timeout_s
+        result["hang_s"] = plan.hang_s
+    waiting_report.rate(plan, result, HUNG_GOAL_S)
+    result["problems"] = _check(plan, result)
+    return result
+
+
+def _check(plan: Plan, result: dict[str, Any]) -> list[str]:
+    """What went wrong with a run's deliveries (goals aside)."""
+    label = f"waiting/{plan.name}"
+    problems = [
+        f"{label}: {result[key]} {what}"
+        for key, what in (
+            ("lost", "messages never delivered"),
+            ("duplicates", "duplicate calls"),
+            ("unexpected", "calls of messages not owed"),
+        )
+        if result[key]
+    ]
+    if not plan.procrastinate:  # its jobs keep no order without a lock
+        for key, what in (
+            ("out_of_order_shards", "out of order"),
+            ("overlapping_shards", "with calls overlapping"),
+        ):
+            if result[key]:
+                problems.append(f"{label}: {result[key]} shards delivered {what}")
+    expected_left, expected_failures = (plan.per_shard, 1) if plan.hang_s else (0, 0)
+    if result["left"] != expected_left:
+        problems.append(f"{label}: {result['left']} messages left, expected {expected_left}")
+    if result["failures"] != expected_failures:
+        problems.append(f"{label}: {result['failures']} failures, expected {expected_failures}")
+    if plan.hang_s and result.get("hung_calls") != 1:
+        problems.append(f"{label}: the hung message was called {result.get('hung_calls')} times")
+    return problems
