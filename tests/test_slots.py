@@ -8,8 +8,9 @@ from collections import defaultdict
 
 import pytest
 from django.db import OperationalError, connection, connections
+from django.db.backends.signals import connection_created
 
-from outbox.engine import drain_outboxes
+from outbox.engine import DrainWorker, drain_outboxes
 from outbox.engine.drainer import Drainer
 from outbox.exceptions import StuckReceivers
 from outbox.models import RegionOutbox, ShardLease
@@ -315,3 +316,34 @@ def test_a_window_that_reads_nothing_ends(calls, settings):
     drain.join(20)
     assert not drain.is_alive(), "the drain waited for an empty window"
     assert result["stats"].rows_retired == 10_000
+
+
+def test_a_loop_keeps_its_slots_and_their_connections_across_rounds(calls, settings):
+    """`drain_outboxes --loop` delivers round after round on the same slot threads: a
+    receiver that uses the database does not open a connection every round."""
+    settings.OUTBOX_CONCURRENCY = 2
+    settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.05
+    calls.journal = True  # each call writes through its slot's connection
+    opened = []
+
+    def note(sender, connection, **kwargs):
+        if threading.current_thread().name == "outbox-slot":
+            opened.append(connection.alias)
+
+    connection_created.connect(note)
+    worker = DrainWorker([RegionOutbox], loop=True)
+    runner = threading.Thread(target=worker.run)
+    try:
+        runner.start()
+        for n in range(6):  # one row at a time: a round each
+            RegionOutboxFactory(shard_identifier=n, object_identifier=n)
+            for _ in range(100):
+                if not RegionOutbox.objects.exists():
+                    break
+                time.sleep(0.02)
+    finally:
+        worker.request_stop()
+        runner.join(30)
+        connection_created.disconnect(note)
+    assert calls.calls and len(calls.calls) == 6
+    assert len(opened) <= 2, opened  # at most one per slot, not one per round

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Sequence
 
 from outbox.engine.drainer import Drainer
+from outbox.engine.slots import SlotPool
 from outbox.engine.stats import DrainStats
 from outbox.models import OutboxBase, outbox_models
 
@@ -19,11 +20,13 @@ def drain_outboxes(
     deadline: float | None = None,
     stop: threading.Event | None = None,
     concurrency: int | None = None,
+    slots: SlotPool | None = None,
 ) -> DrainStats:
     """Drain every due shard of the given tables (all of them by default) once, in the
     calling thread: no signals, no graceful timeout (a backlog's settles may run on a
     helper thread meanwhile; all are done on return). `concurrency`: how many shards
-    are delivered at once (default `OUTBOX_CONCURRENCY`)."""
+    are delivered at once (default `OUTBOX_CONCURRENCY`); `slots`: a pool of slot
+    threads the caller keeps across drains instead (`DrainWorker` does)."""
     stats = DrainStats()
     for model in models or outbox_models():
         drainer = Drainer(
@@ -33,6 +36,7 @@ def drain_outboxes(
             identifiers=identifiers,
             stop=stop,
             concurrency=concurrency,
+            slots=slots,
         )
         result = drainer.drain(deadline=deadline)
         stats.add(result)

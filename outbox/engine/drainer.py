@@ -33,7 +33,7 @@ from outbox.engine.pace import Pace
 from outbox.engine.rounds import retrying, rows_per_shard, shard_budget
 from outbox.engine.slots import SlotPool
 from outbox.engine.stats import DrainStats
-from outbox.engine.stragglers import Stragglers
+from outbox.engine.stragglers import on_slots
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
@@ -57,6 +57,7 @@ class Drainer(BatchWorker):
         identifiers: Sequence[int] | None = None,
         stop: threading.Event | None = None,
         concurrency: int | None = None,
+        slots: SlotPool | None = None,
     ) -> None:
         self.model = model
         self.using = using or router.db_for_write(model)
@@ -69,6 +70,7 @@ class Drainer(BatchWorker):
         self._small = False  # the last batch was full, of shards of a row or two each
         self._report_processed = False
         self.concurrency = concurrency  # None: OUTBOX_CONCURRENCY
+        self._own_slots = slots  # a pool kept by the caller across drains, else None
         self._slots = self._stragglers = None
         self._wide = False
         self._pace = Pace()
@@ -88,22 +90,14 @@ class Drainer(BatchWorker):
 
     @contextmanager
     def _delivering_on_slots(self, stats: DrainStats) -> Iterator[None]:
-        """With concurrency above 1, deliver on slot threads inside the block; on leaving
-        it, wait for the stragglers (settling each), then end the slot threads."""
-        if self._slot_count <= 1:
-            yield
-            return
-        slots = self._slots = SlotPool(self._slot_count)
-        stragglers = self._stragglers = Stragglers(self.backend, self.model, self.using, slots)
-        try:
-            yield
-            stragglers.close(stats)
-        except BaseException:
-            stragglers.abandon(stats)  # what it cannot settle is logged
-            raise
-        finally:
-            self._slots = self._stragglers = None
-            slots.close()
+        """Inside, deliver on slot threads where the concurrency asks for them."""
+        size, kept = self._slot_count, self._own_slots
+        with on_slots(self.backend, self.model, self.using, size, kept, stats) as pair:
+            self._slots, self._stragglers = pair or (None, None)
+            try:
+                yield
+            finally:
+                self._slots = self._stragglers = None
 
     def _batches(
         self, stats: DrainStats, deadline: float | None, behind: SettleBehind | None
@@ -158,6 +152,8 @@ class Drainer(BatchWorker):
 
     @property
     def _slot_count(self) -> int:
+        if self._own_slots is not None:
+            return self._own_slots.size
         return self.concurrency or outbox_settings.CONCURRENCY
 
     def _work_paced(self, claimed: Claimed, defer: bool) -> tuple[DrainStats, Pending | None]:

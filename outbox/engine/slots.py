@@ -20,10 +20,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from django.db import connections
 
 from outbox.backends.base import Group
+from outbox.conf import outbox_settings
 from outbox.engine.eventloop import LazyEventLoop
 from outbox.engine.shard_tasks import Abandoned, ShardDelivery, ShardTask, WindowRun
 from outbox.shards import ShardKey
@@ -78,9 +81,11 @@ class SlotPool:
                     return
                 run.work()
                 # A connection broken meanwhile (server restart, killed) is dropped
-                # here, as Django does between requests; the next call opens a new one.
+                # here; the next call opens a new one. Working ones are kept for the
+                # pool's life, as the drain keeps its own.
                 for connection in connections.all(initialized_only=True):
-                    connection.close_if_unusable_or_obsolete()
+                    if connection.errors_occurred and not connection.is_usable():
+                        connection.close()
         except Abandoned:
             with self._lock:
                 self.stuck -= 1
@@ -124,3 +129,17 @@ def deliver_window(
         if dropped or run.waiting_on_stragglers(now):
             run.carve()
     return run
+
+
+@contextmanager
+def kept_slots(concurrency: int | None) -> Iterator[SlotPool | None]:
+    """A pool of slot threads for a long-running worker's drains (None: concurrency 1),
+    so a loop neither starts threads nor opens their connections again every round;
+    ended on exit."""
+    size = concurrency or outbox_settings.CONCURRENCY
+    pool = SlotPool(size) if size > 1 else None
+    try:
+        yield pool
+    finally:
+        if pool is not None:
+            pool.close()

@@ -20,6 +20,8 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import outbox.engine.events as events
 from outbox.backends.base import Lease, OutboxBackend
@@ -177,3 +179,31 @@ class Stragglers:
         merged.lost.update(settled.lost)
         events.leases_lost(self.model, merged.lost, self.using)
         merged.add_to(stats, settled.deleted)
+
+
+@contextmanager
+def on_slots(
+    backend: OutboxBackend,
+    model: type[OutboxBase],
+    using: str,
+    size: int,
+    kept: SlotPool | None,
+    stats: DrainStats,
+) -> Iterator[tuple[SlotPool, Stragglers] | None]:
+    """One drain's slot threads (`kept`, the caller's pool, or `size` new ones; None with
+    a size of 1) and its stragglers. On leaving: wait for the stragglers, settling each,
+    then end the threads of a pool made here."""
+    if kept is None and size <= 1:
+        yield None
+        return
+    slots = kept or SlotPool(size)
+    stragglers = Stragglers(backend, model, using, slots)
+    try:
+        yield slots, stragglers
+        stragglers.close(stats)
+    except BaseException:
+        stragglers.abandon(stats)  # what it cannot settle is logged
+        raise
+    finally:
+        if kept is None:
+            slots.close()

@@ -8,9 +8,8 @@ release the unfinished leases at once (the Drainer does that once `stop` is set)
 second one, or the graceful timeout passing: stop waiting, report the run abandoned; the
 process exits around the drain thread and that shard's lease expires by itself.
 
-A stop request only appends to a list, as a signal handler must never take a lock (not
-even `Event.set()`'s): it runs in the main thread between two bytecodes, maybe while that
-thread holds that lock. The waiting thread polls the list.
+A stop request only appends to a list and sets a flag, as a signal handler must never
+take a lock (not even `Event.set()`'s); the waiting thread polls the list.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from django.db import InterfaceError, OperationalError, connections, router
 from outbox.conf import outbox_settings
 from outbox.engine.drain import drain_outboxes
 from outbox.engine.drainer import Drainer
+from outbox.engine.slots import SlotPool, kept_slots
 from outbox.engine.stats import DrainStats
 from outbox.engine.wakeup import StopEvent, Waiter
 from outbox.exceptions import DrainInTransaction
@@ -253,17 +253,18 @@ class DrainWorker:
         return drainer.drain_shards(self.shards)
 
     def _drain(self, deadline: float | None) -> DrainStats:
-        """Drain once, or with `loop` until stopped, in slices no longer than the
-        progress interval so progress can be reported between them."""
+        """Drain once, or with `loop` until stopped (one pool of slot threads serving
+        every round), in slices no longer than the progress interval."""
         started = time.monotonic()
         total = self._total = DrainStats()
         # An idle loop waits for a write to its tables (LISTEN/NOTIFY) or the interval.
-        with Waiter(self.models, self.using, self._stop, listen=self.loop) as waiter:
+        waiter = Waiter(self.models, self.using, self._stop, listen=self.loop)
+        with waiter, kept_slots(self.concurrency) as slots:
             while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 slice_end = time.monotonic() + self.progress_every if self.progress_every else None
                 if deadline is not None:
                     slice_end = min(slice_end or deadline, deadline)
-                stats = self._drain_round(slice_end)
+                stats = self._drain_round(slice_end, slots)
                 total.add(stats)
                 cut_short = slice_end is not None and time.monotonic() >= slice_end
                 if cut_short and stats.shards and self.on_progress is not None:
@@ -274,7 +275,7 @@ class DrainWorker:
                     waiter.wait(outbox_settings.LOOP_INTERVAL_SECONDS)
         return total
 
-    def _drain_round(self, deadline: float | None) -> DrainStats:
+    def _drain_round(self, deadline: float | None, slots: SlotPool | None) -> DrainStats:
         try:
             return drain_outboxes(
                 self.models,
@@ -283,14 +284,13 @@ class DrainWorker:
                 identifiers=self.identifiers,
                 deadline=deadline,
                 stop=self._stop,
-                concurrency=self.concurrency,
+                slots=slots,
             )
         except (OperationalError, InterfaceError):
             if not self.loop:
                 raise
-            # A lost connection (server restart, connection killed, network) must not end
-            # a long-running drain: drop this thread's connections, so the next round
-            # opens new ones. Leases of the interrupted batch expire by themselves.
+            # A lost connection must not end a long-running drain: drop this thread's
+            # connections; leases of the interrupted batch expire by themselves.
             logger.warning(
                 "outbox drain lost its database connection; reconnecting",
                 exc_info=True,
