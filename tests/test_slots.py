@@ -14,7 +14,7 @@ from outbox.engine import DrainWorker, drain_outboxes
 from outbox.engine.drainer import Drainer
 from outbox.exceptions import StuckReceivers
 from outbox.models import RegionOutbox, ShardLease
-from tests.conftest import committing
+from tests.conftest import committing, server_database_only
 from tests.factories import RegionOutboxFactory
 
 pytestmark = [committing]
@@ -347,3 +347,29 @@ def test_a_loop_keeps_its_slots_and_their_connections_across_rounds(calls, setti
         connection_created.disconnect(note)
     assert calls.calls and len(calls.calls) == 6
     assert len(opened) <= 2, opened  # at most one per slot, not one per round
+
+
+@server_database_only
+def test_one_shot_drains_started_together_both_find_work(calls, settings):
+    """Two one-shot drains started at the same moment walk the same shards; the one
+    whose claim loses them all looks once more instead of ending with nothing."""
+    settings.OUTBOX_CONCURRENCY = 1
+    write(64)
+    Timeline(calls, wait=lambda kwargs: 0.01)
+    start = threading.Barrier(2)
+    results = []
+
+    def drain():
+        try:
+            start.wait(10)
+            results.append(drain_outboxes([RegionOutbox]))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=drain) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(stats.receiver_calls > 0 for stats in results) == [True, True]
+    assert sum(stats.rows_retired for stats in results) == 64

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -74,6 +75,7 @@ class Drainer(BatchWorker):
         self._slots = self._stragglers = None
         self._wide = False
         self._pace = Pace()
+        self._claimed_again = False
 
     def drain(self, *, deadline: float | None = None) -> DrainStats:
         """Deliver everything due now (and what becomes due meanwhile) until none is left."""
@@ -126,7 +128,7 @@ class Drainer(BatchWorker):
                     self._settle_behind(behind, pending, stats, claimed, ahead)
                     pending = None
                 if not lease.shards:
-                    if self._waited_for_stragglers(stats):
+                    if self._stragglers is not None and self._stragglers.waited(stats):
                         continue  # claim again: shards may have been written meanwhile
                     break
                 full_in_a_row = full_in_a_row + 1 if len(lease.shards) >= limit else 0
@@ -163,14 +165,6 @@ class Drainer(BatchWorker):
         self._pace.observe(batch, time.monotonic() - started)
         return batch, pending
 
-    def _waited_for_stragglers(self, stats: DrainStats) -> bool:
-        """Nothing was claimed: while shards carved out of their windows still run,
-        settle those that land, wait a little and say so (True); else False."""
-        if self._stragglers is None or not self._stragglers.running:
-            return False
-        self._stragglers.settle(stats, wait=outbox_settings.LOOP_INTERVAL_SECONDS / 4)
-        return True
-
     def _next_claim(self, ahead: ClaimAhead, limit: int, stats: DrainStats) -> Claimed:
         """The batch claimed ahead, if any, else a claim now (first settling the
         stragglers that landed). A claim made ahead that won nothing may predate a
@@ -183,7 +177,15 @@ class Drainer(BatchWorker):
             if claimed.lease.shards:
                 return claimed
             ahead.cancel()
-        return Claimed(self._claim(self._new_lease(), limit))
+        lease = self._claim(self._new_lease(), limit)
+        if not lease.shards and not stats.shards and not self._claimed_again:
+            # A drain's first claim can lose every shard to one started at the same
+            # moment (their claims walked the same shards); the winner's leases are
+            # committed now, so one more look finds the shards it left.
+            self._claimed_again = True
+            time.sleep(random.uniform(0.001, 0.005))
+            lease = self._claim(self._new_lease(), limit)
+        return Claimed(lease)
 
     def _next_limit(self, batch: DrainStats, *, full: bool) -> int:
         """How many shards the next claim takes, after `batch`; and whether they are

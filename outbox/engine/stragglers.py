@@ -102,6 +102,14 @@ class Stragglers:
                 f"OUTBOX_RECEIVER_TIMEOUT_SECONDS (limit OUTBOX_MAX_STUCK_RECEIVERS={limit})"
             )
 
+    def waited(self, stats: DrainStats) -> bool:
+        """Nothing was claimed: while stragglers run, wait a little for one to land,
+        settle what landed, and say so (True); else False."""
+        if not self.running:
+            return False
+        self.settle(stats, wait=outbox_settings.LOOP_INTERVAL_SECONDS / 4)
+        return True
+
     def close(self, stats: DrainStats) -> None:
         """Wait for every straggler to land or time out, settling each."""
         while self._holdings:
