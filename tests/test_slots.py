@@ -373,3 +373,40 @@ def test_one_shot_drains_started_together_both_find_work(calls, settings):
         thread.join(60)
     assert sorted(stats.receiver_calls > 0 for stats in results) == [True, True]
     assert sum(stats.rows_retired for stats in results) == 64
+
+
+def test_only_a_call_given_up_at_the_timeout_overlaps_a_later_delivery(calls, settings):
+    """The documented overlap: a sync call past the timeout no longer holds its shard, so
+    once the back-off has passed another drain delivers the message again while the old
+    call still runs."""
+    settings.OUTBOX_CONCURRENCY = 2
+    settings.OUTBOX_RECEIVER_TIMEOUT_SECONDS = 0.5
+    settings.OUTBOX_BACKOFF_BASE_SECONDS = 0.2
+    settings.OUTBOX_BACKOFF_MAX_SECONDS = 0.2
+    write(1)
+    first_call = threading.Event()
+    release = threading.Event()
+
+    def wait(kwargs):
+        if not first_call.is_set():
+            first_call.set()
+            release.wait(20)
+        return 0.0
+
+    timeline = Timeline(calls, wait=wait)
+    try:
+        assert drain_outboxes([RegionOutbox]).timed_out == 1
+        for _ in range(100):
+            if drain_outboxes([RegionOutbox]).rows_retired:
+                break
+            time.sleep(0.05)
+        assert not RegionOutbox.objects.exists()  # delivered again, and settled
+        assert len(timeline.entries) == 1  # only the second call has returned so far
+    finally:
+        release.set()
+    for _ in range(100):
+        if len(timeline.entries) == 2:
+            break
+        time.sleep(0.05)
+    first, second = sorted(timeline.entries, key=lambda entry: entry[3])
+    assert second[3] < first[4]  # the two calls of the shard overlapped
