@@ -10,6 +10,7 @@ import threading
 import time
 from collections import defaultdict
 
+from django.conf import settings as django_settings
 from django.db import connections
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
@@ -39,7 +40,8 @@ backlogs = st.lists(  # per shard: the object of each row, in write order
     backlog=backlogs,
     delays_ms=st.lists(st.sampled_from([0, 0, 2, 15]), min_size=10, max_size=10),
     concurrency=st.integers(min_value=1, max_value=6),
-    workers=st.integers(min_value=1, max_value=3),
+    # SQLite takes one writer at a time: several drains at once fail with "locked".
+    workers=st.integers(min_value=1, max_value=1 if django_settings.TEST_DB == "sqlite" else 3),
     straggler=st.booleans(),
 )
 def test_slots_and_workers_keep_order_coalescing_and_single_delivery(
