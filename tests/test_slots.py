@@ -410,3 +410,33 @@ def test_only_a_call_given_up_at_the_timeout_overlaps_a_later_delivery(calls, se
         time.sleep(0.05)
     first, second = sorted(timeline.entries, key=lambda entry: entry[3])
     assert second[3] < first[4]  # the two calls of the shard overlapped
+
+
+@server_database_only
+def test_without_a_timeout_a_hung_call_on_a_slot_loses_its_lease_at_the_deadline(calls, settings):
+    """With the timeout off, OUTBOX_RECEIVER_DEADLINE_SECONDS still bounds a call on a
+    slot: its lease is no longer renewed, expires, and the shard is claimed again (here
+    by the same drain, which goes on claiming while the call hangs)."""
+    settings.OUTBOX_CONCURRENCY = 2
+    settings.OUTBOX_RECEIVER_TIMEOUT_SECONDS = 0
+    settings.OUTBOX_LEASE_SECONDS = 1.0
+    settings.OUTBOX_RECEIVER_DEADLINE_SECONDS = 0.6
+    settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.2
+    write(1)
+    first_call = threading.Event()
+    release = threading.Event()
+
+    def wait(kwargs):
+        if not first_call.is_set():
+            first_call.set()
+            release.wait(20)
+        else:
+            release.set()  # delivered again while the first call hangs
+        return 0.0
+
+    timeline = Timeline(calls, wait=wait)
+    drain_outboxes([RegionOutbox])
+    first, second = sorted(timeline.entries, key=lambda entry: entry[3])
+    assert second[3] >= first[3] + 1.0  # once the lease (1 s) had expired
+    assert second[3] < first[4]  # while the first call still ran
+    assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import connections
 
@@ -34,6 +35,9 @@ class Holding:
     renewed_at: float = field(default_factory=time.monotonic)
     receiver_started: float | None = None
     lost: set[ShardKey] = field(default_factory=set)
+    # A straggler's task (`outbox.engine.shard_tasks`), whose calls the deadline watches
+    # instead of `receiver_started`.
+    call: Any = None
 
     def begin_call(self, group: object) -> float:
         """A receiver call starts (the drain's own thread): the keeper watches it."""
@@ -52,7 +56,7 @@ class Holding:
         return now - self.renewed_at >= self.lease.seconds / 2
 
     def hung(self, now: float) -> bool:
-        started = self.receiver_started
+        started = self.receiver_started if self.call is None else self.call.receiver_started
         deadline = outbox_settings.RECEIVER_DEADLINE_SECONDS
         return started is not None and now - started > deadline
 

@@ -63,7 +63,7 @@ class Stragglers:
         keeper = LeaseKeeper.get()
         for task in tasks:
             own = Lease(lease.token, lease.holder, lease.seconds, [task.shard])
-            holding = Holding(self.backend, self.model, own)
+            holding = Holding(self.backend, self.model, own, call=task)
             self._holdings[task] = holding
             keeper.hold(holding)
             with task.lock:
