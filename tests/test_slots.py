@@ -14,6 +14,7 @@ from outbox.engine import DrainWorker, drain_outboxes
 from outbox.engine.drainer import Drainer
 from outbox.exceptions import StuckReceivers
 from outbox.models import RegionOutbox, ShardLease
+from outbox.signals import message_processed
 from tests.conftest import committing, server_database_only
 from tests.factories import RegionOutboxFactory
 
@@ -440,3 +441,37 @@ def test_without_a_timeout_a_hung_call_on_a_slot_loses_its_lease_at_the_deadline
     assert second[3] >= first[3] + 1.0  # once the lease (1 s) had expired
     assert second[3] < first[4]  # while the first call still ran
     assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()
+
+
+def test_an_error_outside_the_receivers_ends_the_window_and_reaches_the_drain(calls, settings):
+    """An error the engine does not turn into a failed attempt (here a lifecycle
+    listener raising) is raised by the drain, as on its own thread; it never hangs."""
+    settings.OUTBOX_CONCURRENCY = 2
+    write(5)
+    seen = []
+
+    def listener(sender, **kwargs):
+        seen.append(sender)
+        if len(seen) == 2:
+            raise RuntimeError("a listener broke")
+
+    message_processed.connect(listener, weak=False)
+    result = {}
+
+    def drain():
+        try:
+            drain_outboxes([RegionOutbox])
+        except RuntimeError as exc:
+            result["error"] = exc
+        finally:
+            connections.close_all()
+
+    try:
+        runner = threading.Thread(target=drain, daemon=True)
+        runner.start()
+        runner.join(20)
+    finally:
+        message_processed.disconnect(listener)
+    assert not runner.is_alive(), "the drain hung on the failed window"
+    assert str(result["error"]) == "a listener broke"
+    assert not ShardLease.objects.exists()  # every shard of the window released

@@ -201,6 +201,8 @@ class WindowRun:
             with self.lock:
                 if not bulk.detached:
                     self._count_done(1)
+            if bulk.error is not None:
+                self.drop_queued()  # the error ends the window, as on the drain's thread
         self._finish(bulk, units=1)
 
     def _pop(self) -> tuple[ShardKey, list[Group]]:
