@@ -115,6 +115,9 @@ def test_a_graceful_stop_explains_no_duplicate_and_checks_its_facts():
     late = graceful_stop(exit_s=11.5, leases_after_exit=1)
     [checked] = check_stops([late], [*calls, call(11, 2.0, "t1", shard=9)], due, lease=5.0)
     assert checked["problems"] == ["exit", "claimed after SIGTERM", "leases not released"]
+    # A slot's call that started while the signal was still on its way is not a claim.
+    [checked] = check_stops([stop], [*calls, call(11, 1.11, "t1", shard=9)], due, lease=5.0)
+    assert checked["problems"] == []
 
 
 def test_a_shard_with_nothing_due_after_the_stop_is_timed_from_its_next_write():
