@@ -61,6 +61,14 @@ class Timeline:
         return peak
 
 
+def wait_until(condition, every=0.05, tries=100):
+    """Poll `condition` until it holds or the tries run out (the caller asserts)."""
+    for _ in range(tries):
+        if condition():
+            return
+        time.sleep(every)
+
+
 def write(shards, per_shard=1):
     RegionOutbox.objects.bulk_create(
         [
@@ -135,10 +143,9 @@ def test_a_slow_receiver_holds_only_its_own_shard(calls, settings, shards):
             time.sleep(0.6)  # long enough to be carved out of its window
             RegionOutboxFactory(shard_identifier=99, object_identifier=99_000)
             late_delivered.wait(10)
-            for _ in range(100):  # until the late shard's settle has run
-                if not RegionOutbox.objects.filter(shard_identifier=99).exists():
-                    break
-                time.sleep(0.05)
+            wait_until(
+                lambda: not RegionOutbox.objects.filter(shard_identifier=99).exists(), every=0.05
+            )  # until the late shard's settle has run
             seen_while_slow["rows"] = sorted(
                 RegionOutbox.objects.values_list("shard_identifier", flat=True)
             )
@@ -176,10 +183,7 @@ def test_a_hung_call_times_out_as_a_failed_attempt_and_is_counted_stuck(calls, s
     assert "TimeoutError" in hung.last_error
     # The shard backs off like any failure; its thread ended once its call returned.
     assert ShardLease.objects.backing_off().count() == 1
-    for _ in range(100):
-        if not any(t.name == "outbox-slot" for t in threading.enumerate()):
-            break
-        time.sleep(0.05)
+    wait_until(lambda: not any(t.name == "outbox-slot" for t in threading.enumerate()))
     assert not any(t.name == "outbox-slot" for t in threading.enumerate())
     # Its late result was thrown away: the row stays for its retry.
     assert RegionOutbox.objects.filter(pk=hung.pk).exists()
@@ -211,10 +215,10 @@ def test_a_stop_settles_finished_calls_and_releases_unstarted_shards(calls, sett
     def wait(kwargs):
         if kwargs["shard_identifier"] == 3:
             stop.set()  # a stop arrives while shard 3's call runs
-            for _ in range(100):  # the rest is settled and released while it still runs
-                if list(ShardLease.objects.values_list("shard_identifier", flat=True)) == [3]:
-                    break
-                time.sleep(0.05)
+            wait_until(
+                lambda: list(ShardLease.objects.values_list("shard_identifier", flat=True)) == [3],
+                every=0.05,
+            )  # the rest is settled and released while it still runs
             seen_during_call["leased"] = list(
                 ShardLease.objects.values_list("shard_identifier", flat=True)
             )
@@ -245,10 +249,9 @@ def test_slot_threads_and_their_connections_end_with_the_drain(calls, settings):
     before = server_connections()
     drain_outboxes([RegionOutbox])
     assert not any(t.name == "outbox-slot" for t in threading.enumerate())
-    for _ in range(100):  # the server notices a closed connection a moment later
-        if server_connections() == before:
-            break
-        time.sleep(0.05)
+    wait_until(
+        lambda: server_connections() == before, every=0.05
+    )  # the server notices a closed connection a moment later
     assert server_connections() == before
 
 
@@ -338,10 +341,7 @@ def test_a_loop_keeps_its_slots_and_their_connections_across_rounds(calls, setti
         runner.start()
         for n in range(6):  # one row at a time: a round each
             RegionOutboxFactory(shard_identifier=n, object_identifier=n)
-            for _ in range(100):
-                if not RegionOutbox.objects.exists():
-                    break
-                time.sleep(0.02)
+            wait_until(lambda: not RegionOutbox.objects.exists(), every=0.02)
     finally:
         worker.request_stop()
         runner.join(30)
@@ -397,18 +397,12 @@ def test_only_a_call_given_up_at_the_timeout_overlaps_a_later_delivery(calls, se
     timeline = Timeline(calls, wait=wait)
     try:
         assert drain_outboxes([RegionOutbox]).timed_out == 1
-        for _ in range(100):
-            if drain_outboxes([RegionOutbox]).rows_retired:
-                break
-            time.sleep(0.05)
+        wait_until(lambda: drain_outboxes([RegionOutbox]).rows_retired)
         assert not RegionOutbox.objects.exists()  # delivered again, and settled
         assert len(timeline.entries) == 1  # only the second call has returned so far
     finally:
         release.set()
-    for _ in range(100):
-        if len(timeline.entries) == 2:
-            break
-        time.sleep(0.05)
+    wait_until(lambda: len(timeline.entries) == 2)
     first, second = sorted(timeline.entries, key=lambda entry: entry[3])
     assert second[3] < first[4]  # the two calls of the shard overlapped
 

@@ -127,8 +127,8 @@ class BatchWorker:
     def _deliver_on_slots(
         self, slots: SlotPool, window: Window, holding: Holding, round_: Round
     ) -> None:
-        """Deliver the window's shards at once, one slot per shard; shards still running
-        when the rest are done go on as stragglers (`round_.running`)."""
+        """Deliver the window's shards on the slots (`outbox.engine.slots`); shards still
+        in a call when the rest are done go on as stragglers (`round_.running`)."""
         per_slot = threading.local()  # one Dispatch per slot thread and window
 
         def deliver(task: ShardTask, shard: ShardKey, groups: list[Group], into: Round) -> None:

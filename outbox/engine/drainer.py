@@ -71,7 +71,7 @@ class Drainer(BatchWorker):
         self._small = False  # the last batch was full, of shards of a row or two each
         self._report_processed = False
         self.concurrency = concurrency  # None: OUTBOX_CONCURRENCY
-        self._own_slots = slots  # a pool kept by the caller across drains, else None
+        self._kept_slots = slots  # a pool kept by the caller across drains, else None
         self._slots = self._stragglers = None
         self._wide = False
         self._pace = Pace()
@@ -93,7 +93,7 @@ class Drainer(BatchWorker):
     @contextmanager
     def _delivering_on_slots(self, stats: DrainStats) -> Iterator[None]:
         """Inside, deliver on slot threads where the concurrency asks for them."""
-        size, kept = self._slot_count, self._own_slots
+        size, kept = self._slot_count, self._kept_slots
         with on_slots(self.backend, self.model, self.using, size, kept, stats) as pair:
             self._slots, self._stragglers = pair or (None, None)
             try:
@@ -154,8 +154,8 @@ class Drainer(BatchWorker):
 
     @property
     def _slot_count(self) -> int:
-        if self._own_slots is not None:
-            return self._own_slots.size
+        if self._kept_slots is not None:
+            return self._kept_slots.size
         return self.concurrency or outbox_settings.CONCURRENCY
 
     def _work_paced(self, claimed: Claimed, defer: bool) -> tuple[DrainStats, Pending | None]:

@@ -116,8 +116,10 @@ class Round:
         return part
 
     def copy(self) -> Round:
+        """A copy whose row-id lists are its own (the original may still grow)."""
         copied = Round()
         copied.merge(self)
+        copied.delivered = {shard: list(ids) for shard, ids in self.delivered.items()}
         return copied
 
     def add_to(self, stats: DrainStats, deleted: int) -> None:
