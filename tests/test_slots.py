@@ -14,7 +14,7 @@ from outbox.engine import DrainWorker, drain_outboxes
 from outbox.engine.drainer import Drainer
 from outbox.exceptions import StuckReceivers
 from outbox.models import RegionOutbox, ShardLease
-from outbox.signals import message_processed
+from outbox.signals import message_processed, receivers_stuck
 from tests.conftest import committing, server_database_only
 from tests.factories import RegionOutboxFactory
 
@@ -171,21 +171,32 @@ def test_a_hung_call_times_out_as_a_failed_attempt_and_is_counted_stuck(calls, s
         return 0.0
 
     Timeline(calls, wait=wait)
-    drainer = Drainer(RegionOutbox)
+    stuck_counts = []
+
+    def on_stuck(sender, count, **kwargs):
+        stuck_counts.append((sender, count))
+
+    receivers_stuck.connect(on_stuck)
     try:
-        stats = drainer.drain()
+        try:
+            stats = Drainer(RegionOutbox).drain()
+            assert stuck_counts == [(RegionOutbox, 1)]  # counted while its call runs on
+        finally:
+            release.set()
+        # Its thread ends once its call returns, and is no longer counted.
+        wait_until(lambda: not any(t.name == "outbox-slot" for t in threading.enumerate()))
+        assert not any(t.name == "outbox-slot" for t in threading.enumerate())
+        assert stuck_counts == [(RegionOutbox, 1), (RegionOutbox, 0)]
     finally:
-        release.set()
+        receivers_stuck.disconnect(on_stuck)
     assert stats.failures == 1 and stats.rows_retired == 4 and stats.timed_out == 1
     assert "receiver calls timed out 1" in stats.summary()
     hung = RegionOutbox.objects.get()
     assert hung.shard_identifier == 2 and hung.attempts == 1
     assert "TimeoutError" in hung.last_error
-    # The shard backs off like any failure; its thread ended once its call returned.
+    # The shard backs off like any failure; its late result was thrown away: the row
+    # stays for its retry.
     assert ShardLease.objects.backing_off().count() == 1
-    wait_until(lambda: not any(t.name == "outbox-slot" for t in threading.enumerate()))
-    assert not any(t.name == "outbox-slot" for t in threading.enumerate())
-    # Its late result was thrown away: the row stays for its retry.
     assert RegionOutbox.objects.filter(pk=hung.pk).exists()
 
 

@@ -24,6 +24,7 @@ from outbox.engine.shard_tasks import ShardTask
 from outbox.engine.slots import SlotPool, deliver_window
 from outbox.engine.stats import DrainStats, Round
 from outbox.engine.stragglers import Stragglers
+from outbox.engine.window_run import ShardDelivery
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
@@ -129,15 +130,17 @@ class BatchWorker:
     ) -> None:
         """Deliver the window's shards on the slots (`outbox.engine.slots`); shards still
         in a call when the rest are done go on as stragglers (`round_.running`)."""
-        per_slot = threading.local()  # one Dispatch per slot thread and window
 
-        def deliver(task: ShardTask, shard: ShardKey, groups: list[Group], into: Round) -> None:
-            dispatch = getattr(per_slot, "dispatch", None) or self._new_dispatch()
-            per_slot.dispatch = dispatch
-            self._deliver_shard(shard, groups, holding, into, dispatch, task)
+        def new_delivery() -> ShardDelivery:  # one per slot and window
+            dispatch = self._new_dispatch()
+
+            def deliver(task: ShardTask, shard: ShardKey, groups: list[Group], into: Round) -> None:
+                self._deliver_shard(shard, groups, holding, into, dispatch, task)
+
+            return deliver
 
         shards = list(window.shards.items())
-        run = deliver_window(slots, shards, deliver, start_wide=self._wide, stopping=self.stop)
+        run = deliver_window(slots, shards, new_delivery, start_wide=self._wide, stopping=self.stop)
         self._wide = run.slow or bool(run.carved)
         for task in run.finished:
             round_.merge(task.round)

@@ -12,7 +12,7 @@ from django.utils import timezone
 from outbox.backends.base import Group
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
-from outbox.signals import lease_lost, message_processed, shards_claimed
+from outbox.signals import lease_lost, message_processed, receivers_stuck, shards_claimed
 
 logger = logging.getLogger("outbox.engine")
 
@@ -79,3 +79,13 @@ def leases_lost(model: type[OutboxBase], shards: set[ShardKey], using: str) -> N
         )
         if lease_lost.has_listeners(model):
             lease_lost.send(sender=model, shard=key, using=using)
+
+
+def stuck(model: type[OutboxBase], count: int, using: str) -> None:
+    """The number of this process's stuck receiver threads changed to `count`."""
+    if not receivers_stuck.has_listeners(model):
+        return
+    try:
+        receivers_stuck.send(sender=model, count=count, using=using)
+    except Exception:  # sent from a slot thread on its way out, too
+        logger.exception("A receivers_stuck receiver failed")

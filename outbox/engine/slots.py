@@ -20,7 +20,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from django.db import connections
@@ -28,10 +28,21 @@ from django.db import connections
 from outbox.backends.base import Group
 from outbox.conf import outbox_settings
 from outbox.engine.eventloop import LazyEventLoop
-from outbox.engine.shard_tasks import Abandoned, ShardDelivery, ShardTask, WindowRun
+from outbox.engine.shard_tasks import Abandoned, ShardTask
+from outbox.engine.window_run import NewDelivery, WindowRun
 from outbox.shards import ShardKey
 
 _TICK_SECONDS = 0.02
+
+_stuck_lock = threading.Lock()
+_stuck_in_process = 0  # every pool's stuck threads
+
+
+def _count_stuck(change: int) -> int:
+    global _stuck_in_process
+    with _stuck_lock:
+        _stuck_in_process += change
+        return _stuck_in_process
 
 
 class SlotPool:
@@ -43,6 +54,8 @@ class SlotPool:
         self.stuck = 0  # threads still in a call that was given up
         self._runs: queue.SimpleQueue[WindowRun | None] = queue.SimpleQueue()
         self._threads: set[threading.Thread] = set()
+        # What to call when a given-up call returns, by the thread that ran it.
+        self._on_return: dict[threading.Thread, Callable[[int], None]] = {}
         self._idle = 0
         self._lock = threading.Lock()
 
@@ -89,24 +102,32 @@ class SlotPool:
         except Abandoned:
             with self._lock:
                 self.stuck -= 1
+                on_return = self._on_return.pop(threading.current_thread(), None)
+            in_process = _count_stuck(-1)
+            if on_return is not None:
+                on_return(in_process)
         finally:
             with self._lock:
                 self._threads.discard(threading.current_thread())
             connections.close_all()  # this slot's own connections
 
-    def abandon(self, task: ShardTask) -> None:
-        """Give up `task`'s running call: its thread no longer counts as a slot."""
+    def abandon(self, task: ShardTask, on_return: Callable[[int], None]) -> int:
+        """Give up `task`'s running call: its thread no longer counts as a slot. Returns
+        the threads stuck in the process now; `on_return` is given that count again
+        once the call returns."""
         with self._lock:
             self.stuck += 1
             # The thread ends when the call returns; a new one may take its place now.
             if task.thread is not None:
                 self._threads.discard(task.thread)
+                self._on_return[task.thread] = on_return
+        return _count_stuck(1)
 
 
 def deliver_window(
     pool: SlotPool,
     shards: list[tuple[ShardKey, list[Group]]],
-    deliver: ShardDelivery,
+    new_delivery: NewDelivery,
     *,
     start_wide: bool,
     stopping: threading.Event,
@@ -114,13 +135,14 @@ def deliver_window(
     """Deliver `shards` on the pool; return once all are delivered, or carved out as
     stragglers (`run.carved`). Stopping drops the shards no slot has taken yet and
     carves out those still in a call."""
-    run = WindowRun(shards, deliver, bulk=not start_wide)
+    run = WindowRun(shards, new_delivery, bulk=not start_wide)
     wide = start_wide
     pool.help(run, pool.size if wide else 1)
     dropped = False
     while not run.done.wait(_TICK_SECONDS):
         now = time.monotonic()
         if not wide and run.calls_slow(now):
+            run.widen()
             pool.help(run, pool.size - 1)
             wide = True
         if stopping.is_set() and not dropped:

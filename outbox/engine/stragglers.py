@@ -143,7 +143,8 @@ class Stragglers:
                 task.abandoned = True
                 group = task.group
                 round_ = task.straggler_round()
-            self.pool.abandon(task)
+            stuck = self.pool.abandon(task, on_return=self._report_stuck)
+            self._report_stuck(stuck)
             assert group is not None  # a call is running
             logger.warning(
                 "outbox receiver call for shard %s ran past %ss; given up, its thread is stuck",
@@ -159,6 +160,9 @@ class Stragglers:
             round_.receiver_calls += 1
             given_up.append((task, round_))
         return given_up
+
+    def _report_stuck(self, count: int) -> None:
+        events.stuck(self.model, count, self.using)
 
     def _settle(self, rounds: list[tuple[ShardTask, Round]], stats: DrainStats) -> None:
         """One settle per window lease for these shards; then stop renewing them."""
