@@ -13,7 +13,7 @@ class OutboxConfig(AppConfig):
         import outbox.checks  # noqa: F401  (registers the system checks)
         from outbox.backends.postgres_notify import sync_triggers_after_migrate
         from outbox.backends.select import commit_with_last_insert
-        from outbox.engine.flush import flush_shards
+        from outbox.engine.drain import flush_shards
         from outbox.metrics import install as install_metrics
         from outbox.writes import path
         from outbox.writes.hooks import hooks

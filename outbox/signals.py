@@ -118,9 +118,9 @@ def is_transactional(signal: Signal, category: OutboxCategory) -> bool:
 # - lease_lost: `shard`.
 # - shards_claimed: `shards` (how many the claim won, maybe 0), `duration_seconds` (the
 #   claim's time, its statements and retries included).
-# - receivers_stuck: `count` (this process's receiver calls given up at
-#   OUTBOX_RECEIVER_TIMEOUT_SECONDS whose threads still run). Sent when a call is given
-#   up, and again when such a call returns.
+# - receivers_stuck: `count` (this process's receiver calls of this outbox table given
+#   up at OUTBOX_RECEIVER_TIMEOUT_SECONDS whose threads still run). Sent when a call is
+#   given up, and again when such a call returns.
 messages_saved = Signal()
 message_processed = Signal()
 delivery_failed = Signal()

@@ -23,7 +23,7 @@ def calls():
 def backlog(settings):
     """One-message shards 0..n-1, claimed in batches of 10: from the second full batch
     a drain settles behind and, from the third, works on batches claimed ahead
-    (`outbox.engine.behind`, `outbox.engine.ahead`). Fast paths only."""
+    (`outbox.engine.pipeline`). Fast paths only."""
     from outbox.backends import get_backend
     from outbox.models import RegionOutbox
     from tests.factories import RegionOutboxFactory

@@ -1,5 +1,5 @@
 """A drain working through a backlog claims its next batch on a thread of its own while
-it reads and delivers the current one (`outbox.engine.ahead`)."""
+it reads and delivers the current one (`outbox.engine.pipeline`)."""
 
 import threading
 import time
@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from outbox.engine import drain_outboxes
-from outbox.engine.keeper import LeaseKeeper
+from outbox.engine.leases import LeaseKeeper
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing
 from tests.statements import statements_by_thread

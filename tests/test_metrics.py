@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 import outbox.engine
 import outbox.metrics
+import outbox.metrics.backlog
 from outbox import signals
 from outbox.engine import drain_outboxes
 from outbox.exceptions import OutboxConfigurationError
@@ -33,6 +34,7 @@ LIFECYCLE = (
     signals.message_dead_lettered,
     signals.lease_lost,
     signals.shards_claimed,
+    signals.receivers_stuck,
 )
 SHARD = ShardKey("", Scope.ORGANIZATION, 1)
 REGION = {"table": "outbox.RegionOutbox", "scope": "ORGANIZATION", "category": "AUDIT_EVENT"}
@@ -53,10 +55,10 @@ needs_engine_signals = pytest.mark.skipif(
 def uninstalled():
     """Every test starts and ends with no metrics installed and no backlog reported."""
     outbox.metrics.uninstall()
-    outbox.metrics._reported.clear()
+    outbox.metrics.backlog._reported.clear()
     yield
     outbox.metrics.uninstall()
-    outbox.metrics._reported.clear()
+    outbox.metrics.backlog._reported.clear()
 
 
 def send_lifecycle_signals():
@@ -139,6 +141,18 @@ def test_a_failing_adapter_is_logged_not_raised(caplog):
     assert "Recording outbox metrics failed" in caplog.text
 
 
+def send_receivers_stuck(count):
+    signals.receivers_stuck.send(sender=RegionOutbox, count=count, using="default")
+
+
+def test_stuck_receivers_is_a_no_op_in_the_interface(caplog):
+    install(Metrics())
+    with caplog.at_level(logging.ERROR, logger="outbox.metrics"):
+        send_receivers_stuck(2)
+    assert Metrics().stuck_receivers("outbox.RegionOutbox", 2) is None
+    assert caplog.text == ""
+
+
 # Prometheus
 
 
@@ -163,6 +177,16 @@ def test_prometheus_records_the_signals(registry):
     assert value("outbox_claim_duration_seconds_sum", {"table": "outbox.RegionOutbox"}) == 0.003
     scope = {"table": "outbox.RegionOutbox", "scope": "ORGANIZATION"}
     assert value("outbox_leases_lost_total", scope) == 1
+
+
+def test_prometheus_gauges_stuck_receivers(registry):
+    install(PrometheusMetrics(registry))
+    table = {"table": "outbox.RegionOutbox"}
+    assert registry.get_sample_value("outbox_stuck_receivers", table) is None
+    send_receivers_stuck(2)
+    assert registry.get_sample_value("outbox_stuck_receivers", table) == 2
+    send_receivers_stuck(0)
+    assert registry.get_sample_value("outbox_stuck_receivers", table) == 0
 
 
 def saved_backlog():
@@ -280,6 +304,14 @@ def test_statsd_sends_the_signals_as_packets(udp, statsd_metrics):
     assert lines["app.outbox.leases_lost.outbox_RegionOutbox.ORGANIZATION"] == ("1", "c")
 
 
+def test_statsd_gauges_stuck_receivers(udp, statsd_metrics):
+    name = "app.outbox.stuck_receivers.outbox_RegionOutbox"
+    send_receivers_stuck(2)
+    assert received(udp, 1) == {name: ("2", "g")}
+    send_receivers_stuck(0)
+    assert received(udp, 1) == {name: ("0", "g")}
+
+
 @pytest.mark.django_db(databases=["default", "control"])
 def test_statsd_gauges_the_backlog(udp, statsd_metrics):
     saved_backlog()
@@ -377,6 +409,14 @@ def test_opentelemetry_gauges_the_backlog(otel_reader):
     points = otel_points(otel_reader)
     assert points["outbox.backlog.rows", OTEL_REGION[1:]].value == 3
     assert points["outbox.backlog.shards", OTEL_REGION[1:]].value == 2
+
+
+def test_opentelemetry_gauges_stuck_receivers(otel_reader):
+    table = (("outbox.table", "outbox.RegionOutbox"),)
+    send_receivers_stuck(2)
+    assert otel_points(otel_reader)["outbox.stuck_receivers", table].value == 2
+    send_receivers_stuck(0)
+    assert otel_points(otel_reader)["outbox.stuck_receivers", table].value == 0
 
 
 @needs_engine_signals

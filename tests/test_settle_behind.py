@@ -1,5 +1,5 @@
 """A drain working through a backlog on a fast path settles each delivered batch on a
-thread of its own while it works on the next one (`outbox.engine.behind`)."""
+thread of its own while it works on the next one (`outbox.engine.pipeline`)."""
 
 import threading
 import time
@@ -9,7 +9,7 @@ import pytest
 from django.db import DatabaseError, connection, connections, transaction
 
 from outbox.engine import drain_outboxes
-from outbox.engine.keeper import LeaseKeeper
+from outbox.engine.leases import LeaseKeeper
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
@@ -62,7 +62,7 @@ def test_a_backlog_is_settled_behind_with_the_same_statements(backlog, calls, se
     assert {name for name, _ in alone} == {threading.current_thread().name}
     # Settled behind or not, a drain sends the same statements, but for the claims
     # made ahead of batches that never came: at the end of the backlog, two claims
-    # ahead found nothing (`outbox.engine.ahead`), and the drain claimed again.
+    # ahead found nothing (`outbox.engine.pipeline`), and the drain claimed again.
     with_behind, on_its_own = Counter(sql for _, sql in behind), Counter(sql for _, sql in alone)
     assert not on_its_own - with_behind
     assert 1 <= (with_behind - on_its_own).total() <= 3, with_behind - on_its_own

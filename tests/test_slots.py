@@ -1,6 +1,7 @@
 """Receivers that wait: a drain delivers its claimed shards on several slot threads at
 once, one call at a time per shard, and a slow or hung call holds only its own shard."""
 
+import io
 import itertools
 import threading
 import time
@@ -11,8 +12,10 @@ from django.db import OperationalError, connection, connections
 from django.db.backends.signals import connection_created
 
 from outbox.engine import DrainWorker, drain_outboxes
-from outbox.engine.drainer import Drainer
+from outbox.engine.slots import stuck_receivers
+from outbox.engine.table import Drainer
 from outbox.exceptions import StuckReceivers
+from outbox.management.commands.drain_outboxes import Command as DrainCommand
 from outbox.models import RegionOutbox, ShardLease
 from outbox.signals import message_processed, receivers_stuck
 from tests.conftest import committing, server_database_only
@@ -181,12 +184,18 @@ def test_a_hung_call_times_out_as_a_failed_attempt_and_is_counted_stuck(calls, s
         try:
             stats = Drainer(RegionOutbox).drain()
             assert stuck_counts == [(RegionOutbox, 1)]  # counted while its call runs on
+            assert stuck_receivers() == 1
+            command = DrainCommand(stdout=io.StringIO())
+            command.verbosity, command.using = 2, "default"
+            command._heartbeat(stats, 1.0)
+            assert "1 receiver thread(s) stuck" in command.stdout.getvalue()
         finally:
             release.set()
         # Its thread ends once its call returns, and is no longer counted.
         wait_until(lambda: not any(t.name == "outbox-slot" for t in threading.enumerate()))
         assert not any(t.name == "outbox-slot" for t in threading.enumerate())
         assert stuck_counts == [(RegionOutbox, 1), (RegionOutbox, 0)]
+        assert stuck_receivers() == 0
     finally:
         receivers_stuck.disconnect(on_stuck)
     assert stats.failures == 1 and stats.rows_retired == 4 and stats.timed_out == 1

@@ -1,10 +1,9 @@
 """The drain engine. Entry points (command, tasks) run `DrainWorker`; the write path's
 flush hook is `flush_shards`; both deliver through the per-table `Drainer`."""
 
-from outbox.engine.drain import drain_outboxes
-from outbox.engine.drainer import Drainer
-from outbox.engine.flush import flush_shards
-from outbox.engine.stats import DrainStats
+from outbox.engine.drain import drain_outboxes, flush_shards
+from outbox.engine.rounds import DrainStats
+from outbox.engine.table import Drainer
 from outbox.engine.worker import DrainOutcome, DrainWorker, StopRequest
 from outbox.models import outbox_models
 

@@ -1,8 +1,8 @@
 """Working one leased batch: read its shards window by window, call the receivers of
 each group, settle each round (or hand the last one back to be settled behind).
 
-`BatchWorker` holds what a drain does with a batch it has claimed; `Drainer`
-(`outbox.engine.drainer`) claims the batches and decides when each is worked on.
+`BatchWorker` does what a drain does with a batch it has claimed; `Drainer`
+(`outbox.engine.table`) claims the batches and decides when each is worked on.
 """
 
 from __future__ import annotations
@@ -11,18 +11,17 @@ import threading
 import time
 from collections.abc import Mapping
 
-import outbox.engine.delivery as delivery
 import outbox.engine.events as events
+import outbox.engine.receivers as receivers
 from outbox.backends.base import Group, Lease, OutboxBackend, Settlement, Window
 from outbox.conf import outbox_settings
-from outbox.engine.behind import Pending
-from outbox.engine.collector import collector_paused
 from outbox.engine.failures import judge
-from outbox.engine.keeper import Holding, LeaseKeeper
-from outbox.engine.rounds import cut_at_bounds, done_shards, release_quietly, retrying
+from outbox.engine.gc_pause import collector_paused
+from outbox.engine.leases import Holding, LeaseKeeper, release_quietly, retrying
+from outbox.engine.pipeline import Unsettled
+from outbox.engine.rounds import DrainStats, Round, cut_at_bounds, done_shards
 from outbox.engine.shard_tasks import ShardTask
 from outbox.engine.slots import SlotPool, deliver_window
-from outbox.engine.stats import DrainStats, Round
 from outbox.engine.stragglers import Stragglers
 from outbox.engine.window_run import ShardDelivery
 from outbox.models import OutboxBase
@@ -30,25 +29,30 @@ from outbox.shards import ShardKey
 
 
 class BatchWorker:
-    """Delivers and settles claimed batches of one outbox table on one database."""
+    """Delivers and settles claimed batches of one outbox table on one database, for
+    the `Drainer` that claimed them."""
 
-    model: type[OutboxBase]
-    using: str
-    backend: OutboxBackend
-    stop: threading.Event
-    _report_processed: bool
-    _slots: SlotPool | None  # set while a drain delivers on slot threads
-    _stragglers: Stragglers | None
-    _wide: bool  # receivers wait: start every window on all slots
+    def __init__(
+        self, model: type[OutboxBase], using: str, backend: OutboxBackend, stop: threading.Event
+    ) -> None:
+        self.model = model
+        self.using = using
+        self.backend = backend
+        self.stop = stop
+        # While a drain delivers on slot threads: the slots, and its stragglers.
+        self.slots: SlotPool | None = None
+        self.stragglers: Stragglers | None = None
+        self._wide = False  # receivers wait: start every window on all slots
+        self._report_processed = False
 
-    def _work(
+    def work(
         self,
         lease: Lease,
         bounds: Mapping[ShardKey, int | None] | None,
         window: Window | None = None,
         defer: bool = False,
         holding: Holding | None = None,
-    ) -> tuple[DrainStats, Pending | None]:
+    ) -> tuple[DrainStats, Unsettled | None]:
         """Deliver the claimed shards window by window (the first one may be read with
         the claim already); release each once it is done. With `defer`, the last round
         is returned unsettled (`behind`) when nothing went wrong delivering it.
@@ -65,7 +69,7 @@ class BatchWorker:
             while active and not self.stop.is_set():
                 if window is None:
                     with collector_paused():
-                        window = self.backend.read_window(self.model, active, self._window_rows())
+                        window = self.backend.read_window(self.model, active, self.window_rows())
                 reached = cut_at_bounds(window, bounds) if bounds else set()
                 round_ = Round()
                 delivered = False
@@ -88,7 +92,7 @@ class BatchWorker:
         finally:
             if pending is None:
                 keeper.drop(holding)
-                self._release_remaining(lease)
+                self.release_remaining(lease)
         return stats, pending
 
     @staticmethod
@@ -102,10 +106,10 @@ class BatchWorker:
         done = done_shards(settling, window, reached, failed)
         return done, {*done, *failed, *round_.lost, *round_.running}
 
-    def _window_rows(self) -> int:
+    def window_rows(self) -> int:
         return outbox_settings.BATCH_ROWS
 
-    def _release_remaining(self, lease: Lease) -> None:
+    def release_remaining(self, lease: Lease) -> None:
         if lease.shards and release_quietly(self.backend, self.model, lease):
             lease.shards = []
 
@@ -114,16 +118,16 @@ class BatchWorker:
         (`outbox.engine.slots`) during a drain with concurrency."""
         # Receivers and lifecycle listeners are looked up once per window.
         self._report_processed = events.wants_processed(self.model)
-        if self._slots is not None:  # a lone shard too: its call may hang
-            self._deliver_on_slots(self._slots, window, holding, round_)
+        if self.slots is not None:  # a lone shard too: its call may hang
+            self._deliver_on_slots(self.slots, window, holding, round_)
             return
-        dispatch = self._new_dispatch()
+        receiver_calls = self._new_receiver_calls()
         for shard, groups in window.shards.items():
-            if not self._deliver_shard(shard, groups, holding, round_, dispatch, holding):
+            if not self._deliver_shard(shard, groups, holding, round_, receiver_calls, holding):
                 return
 
-    def _new_dispatch(self) -> delivery.Dispatch:
-        return delivery.Dispatch(self.model, self.using, timed=self._report_processed)
+    def _new_receiver_calls(self) -> receivers.ReceiverCalls:
+        return receivers.ReceiverCalls(self.model, self.using, timed=self._report_processed)
 
     def _deliver_on_slots(
         self, slots: SlotPool, window: Window, holding: Holding, round_: Round
@@ -132,10 +136,10 @@ class BatchWorker:
         in a call when the rest are done go on as stragglers (`round_.running`)."""
 
         def new_delivery() -> ShardDelivery:  # one per slot and window
-            dispatch = self._new_dispatch()
+            receiver_calls = self._new_receiver_calls()
 
             def deliver(task: ShardTask, shard: ShardKey, groups: list[Group], into: Round) -> None:
-                self._deliver_shard(shard, groups, holding, into, dispatch, task)
+                self._deliver_shard(shard, groups, holding, into, receiver_calls, task)
 
             return deliver
 
@@ -148,8 +152,8 @@ class BatchWorker:
             if task.window_part is not None:
                 round_.merge(task.window_part)
         if run.carved:
-            assert self._stragglers is not None
-            self._stragglers.adopt(run.carved, holding.lease)
+            assert self.stragglers is not None
+            self.stragglers.adopt(run.carved, holding.lease)
             round_.running.update(task.shard for task in run.carved)
         errors = [task.error for task in run.finished if task.error is not None]
         if errors:
@@ -161,7 +165,7 @@ class BatchWorker:
         groups: list[Group],
         holding: Holding,
         round_: Round,
-        dispatch: delivery.Dispatch,
+        receiver_calls: receivers.ReceiverCalls,
         call: Holding | ShardTask,
     ) -> bool:
         """Deliver one shard's groups in order until one fails; False when stopping.
@@ -177,7 +181,7 @@ class BatchWorker:
                 break
             if group.message is None:
                 break  # removed by an operator meanwhile; the next read sees the rest
-            if not self._deliver_group(group, holding, round_, dispatch, call):
+            if not self._deliver_group(group, holding, round_, receiver_calls, call):
                 break
         return True
 
@@ -197,22 +201,22 @@ class BatchWorker:
         group: Group,
         holding: Holding,
         round_: Round,
-        dispatch: delivery.Dispatch,
+        receiver_calls: receivers.ReceiverCalls,
         call: Holding | ShardTask,
     ) -> bool:
         """Deliver one group; False when its shard must stop here."""
         lease = holding.lease
         started = call.begin_call(group)
         try:
-            retired_inline = dispatch.send(
+            retired_inline = receiver_calls.send(
                 group, lambda: not self._retire_now(lease, {group.shard: group.row_ids}, round_)
             )
-        except delivery.LeaseLost:
+        except receivers.LeaseLost:
             round_.receiver_calls += 1
             round_.lost.add(group.shard)
             return False
         except Exception as exc:
-            round_.receiver_calls += isinstance(exc, delivery.DeliveryFailed)
+            round_.receiver_calls += isinstance(exc, receivers.DeliveryFailed)
             return self._failed(group, exc, round_)
         finally:
             call.end_call()
@@ -221,7 +225,7 @@ class BatchWorker:
         if not retired_inline:
             round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
         if self._report_processed:
-            timings = dict(dispatch.timings or ())
+            timings = dict(receiver_calls.timings or ())
             duration = time.monotonic() - started
             events.send_processed(self.model, group, duration, self.using, timings)
         return True
@@ -250,9 +254,9 @@ class BatchWorker:
 
     def _defer(
         self, lease: Lease, round_: Round, done: list[ShardKey], holding: Holding, stats: DrainStats
-    ) -> Pending:
+    ) -> Unsettled:
         """The round, to settle later, counted now as if it deleted what it delivered."""
         settlement = round_.settlement(done)
         expected = sum(len(row_ids) for row_ids in round_.delivered.values())
         round_.add_to(stats, expected)
-        return Pending(lease, round_, settlement, expected, holding)
+        return Unsettled(lease, round_, settlement, expected, holding)

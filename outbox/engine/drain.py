@@ -1,14 +1,18 @@
-"""`drain_outboxes()`: one drain of every due shard, in the calling thread."""
+"""The engine's two calls: `drain_outboxes()`, one drain of every due shard in the
+calling thread, and `flush_shards()`, the synchronous flush after a commit (which
+`OutboxConfig.ready` installs as the write path's flush hook, `outbox.writes.hooks`, so
+the write path never imports the engine)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from outbox.engine.drainer import Drainer
+from outbox.engine.rounds import DrainStats
 from outbox.engine.slots import SlotPool
-from outbox.engine.stats import DrainStats
+from outbox.engine.table import Drainer
 from outbox.models import OutboxBase, outbox_models
+from outbox.shards import ShardKey
 
 
 def drain_outboxes(
@@ -39,6 +43,19 @@ def drain_outboxes(
             slots=slots,
         )
         result = drainer.drain(deadline=deadline)
+        stats.add(result)
+        stats.seconds += result.seconds
+    return stats
+
+
+def flush_shards(
+    using: str, bounds: Mapping[type[OutboxBase], Mapping[ShardKey, int | None]]
+) -> DrainStats:
+    """Deliver the written shards up to their bounds (the highest row id the transaction
+    wrote per shard; None: no bound). A shard another worker holds is left to it."""
+    stats = DrainStats()
+    for model, shard_bounds in bounds.items():
+        result = Drainer(model, using).flush(shard_bounds)
         stats.add(result)
         stats.seconds += result.seconds
     return stats

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import traceback
 
 from outbox.backends.base import FailedGroup, Group
 from outbox.categories import registry
 from outbox.conf import outbox_settings
-from outbox.engine.backoff import retry_delay
-from outbox.engine.delivery import DeliveryFailed
+from outbox.engine.receivers import DeliveryFailed
 from outbox.exceptions import NoReceiver, OutboxError, PermanentFailure, RetryLater
 from outbox.models import OutboxBase
 from outbox.signals import delivery_failed, message_dead_lettered
@@ -21,6 +21,18 @@ logger = logging.getLogger("outbox.engine")
 
 _ERROR_LIMIT = 4000
 _TRACEBACK_LIMIT = 20000
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait before attempt number `attempt + 1`, after `attempt` failures.
+
+    The ceiling doubles per failure up to OUTBOX_BACKOFF_MAX_SECONDS; the delay is drawn
+    between half the ceiling and the ceiling, so failed shards do not retry in step.
+    """
+    base = outbox_settings.BACKOFF_BASE_SECONDS
+    cap = outbox_settings.BACKOFF_MAX_SECONDS
+    ceiling = min(cap, base * 2 ** min(max(attempt, 1) - 1, 62))
+    return random.uniform(ceiling / 2, ceiling)
 
 
 def max_attempts(category: int) -> int:

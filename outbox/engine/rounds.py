@@ -1,46 +1,138 @@
-"""Helpers of a drain round that need no drainer state."""
+"""What a drain did (`DrainStats`: summaries, logs, tests), what one window's delivery
+did (`Round`, settled as one statement), and which shards a round is done with."""
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 
-from outbox.backends.base import Lease, OutboxBackend, Window
-from outbox.backends.errors import is_transient_lock_error
-from outbox.conf import outbox_settings
-from outbox.engine.stats import DrainStats
-from outbox.models import OutboxBase
+from outbox.backends.base import FailedGroup, Settlement, Window
 from outbox.shards import ShardKey
 
-_T = TypeVar("_T")
 
-logger = logging.getLogger("outbox.engine")
+@dataclass
+class DrainStats:
+    shards: int = 0
+    receiver_calls: int = 0
+    groups_delivered: int = 0
+    rows_retired: int = 0
+    failures: int = 0  # failed deliveries kept for a retry
+    dead_lettered: int = 0  # messages given up as dead letters
+    leases_lost: int = 0
+    timed_out: int = 0  # sync receiver calls given up at the timeout (threads stuck)
+    seconds: float = 0.0
+    failed_keys: list[ShardKey] = field(default_factory=list)
+
+    @property
+    def progressed(self) -> bool:
+        """Whether anything was delivered, retired, failed or given up."""
+        return bool(self.receiver_calls or self.rows_retired or self.failures or self.dead_lettered)
+
+    @property
+    def coalesced(self) -> int:
+        """Rows retired without a receiver call of their own (older rows of a group)."""
+        return max(self.rows_retired - self.groups_delivered, 0)
+
+    @property
+    def failed_shards(self) -> list[str]:
+        """The shards that failed and wait for a retry, once each, in shard key order
+        (numeric, not text: shard 2 before shard 10)."""
+        return [str(key) for key in sorted(set(self.failed_keys))]
+
+    def add(self, other: DrainStats) -> None:
+        for item in fields(self):
+            if item.name == "failed_keys":
+                self.failed_keys.extend(other.failed_keys)
+            elif item.name != "seconds":
+                setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
+
+    def summary(self) -> str:
+        return (
+            f"shards {self.shards}, receiver calls {self.receiver_calls}, "
+            f"rows retired {self.rows_retired} ({self.coalesced} coalesced), "
+            f"failures {self.failures}, dead-lettered {self.dead_lettered}, "
+            f"leases lost {self.leases_lost}, "
+            + (f"receiver calls timed out {self.timed_out}, " if self.timed_out else "")
+            + f"{self.seconds:.2f}s"
+        )
 
 
-def retrying(operation: Callable[[], _T]) -> _T:
-    """Run a short engine statement, retrying deadlocks and lock timeouts."""
-    for attempt in range(5):
-        try:
-            return operation()
-        except Exception as exc:
-            if attempt == 4 or not is_transient_lock_error(exc):
-                raise
-            time.sleep(0.01 * 2**attempt)
-    raise AssertionError("unreachable")
+@dataclass
+class Round:
+    """What one window's delivery did; settled even if a receiver interrupts it."""
 
+    delivered: dict[ShardKey, list[int]] = field(default_factory=dict)
+    failures: list[FailedGroup] = field(default_factory=list)
+    dead: list[FailedGroup] = field(default_factory=list)
+    lost: set[ShardKey] = field(default_factory=set)
+    receiver_calls: int = 0
+    groups_delivered: int = 0
+    retired_inline: int = 0
+    # Shards carved out still running on a slot: settled on their own (stragglers).
+    running: set[ShardKey] = field(default_factory=set)
 
-def release_quietly(backend: OutboxBackend, model: type[OutboxBase], lease: Lease) -> bool:
-    """Release the lease's shards, retrying lock errors; False, with a warning logged,
-    if that failed: the leases expire by themselves, and the error that brought the
-    caller here matters more."""
-    try:
-        retrying(lambda: backend.release(model, lease, lease.shards))
-    except Exception:
-        logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
-        return False
-    return True
+    def settlement(self, done: list[ShardKey]) -> Settlement:
+        """What settling this round does: delete what it delivered, record its failures
+        and dead letters, and release the shards in `done`."""
+        return Settlement(
+            delivered=self.delivered, failed=self.failures, release=done, dead=self.dead
+        )
+
+    def merge(self, other: Round) -> None:
+        """Add what `other` did, a round of other shards, to this one."""
+        if other.delivered:
+            self.delivered.update(other.delivered)
+        if other.failures or other.dead or other.lost:
+            self.failures.extend(other.failures)
+            self.dead.extend(other.dead)
+            self.lost.update(other.lost)
+        self.receiver_calls += other.receiver_calls
+        self.groups_delivered += other.groups_delivered
+        self.retired_inline += other.retired_inline
+
+    def without(self, shard: ShardKey) -> Round:
+        """This round but for what it did on `shard` (its counters kept as they are)."""
+        part = Round(
+            delivered={key: ids for key, ids in self.delivered.items() if key != shard},
+            failures=[failure for failure in self.failures if failure.shard != shard],
+            dead=[failure for failure in self.dead if failure.shard != shard],
+            lost=self.lost - {shard},
+        )
+        part.receiver_calls = self.receiver_calls
+        part.groups_delivered = self.groups_delivered
+        part.retired_inline = self.retired_inline
+        return part
+
+    def only(self, shard: ShardKey, since: Round) -> Round:
+        """What this round did on `shard`, counting only the calls made after `since`
+        (an earlier copy of this round whose counters were counted already)."""
+        part = Round(
+            delivered={shard: list(self.delivered[shard])} if shard in self.delivered else {},
+            failures=[failure for failure in self.failures if failure.shard == shard],
+            dead=[failure for failure in self.dead if failure.shard == shard],
+            lost=self.lost & {shard},
+        )
+        part.receiver_calls = self.receiver_calls - since.receiver_calls
+        part.groups_delivered = self.groups_delivered - since.groups_delivered
+        part.retired_inline = self.retired_inline - since.retired_inline
+        return part
+
+    def copy(self) -> Round:
+        """A copy whose row-id lists are its own (the original may still grow)."""
+        copied = Round()
+        copied.merge(self)
+        copied.delivered = {shard: list(ids) for shard, ids in self.delivered.items()}
+        return copied
+
+    def add_to(self, stats: DrainStats, deleted: int) -> None:
+        """Count this round, whose settlement deleted `deleted` rows, into `stats`."""
+        stats.receiver_calls += self.receiver_calls
+        stats.groups_delivered += self.groups_delivered
+        stats.rows_retired += deleted + self.retired_inline
+        stats.failures += len(self.failures)
+        stats.dead_lettered += len(self.dead)
+        stats.leases_lost += len(self.lost)
+        stats.failed_keys.extend(failure.shard for failure in self.failures)
 
 
 def cut_at_bounds(window: Window, bounds: Mapping[ShardKey, int | None]) -> set[ShardKey]:
@@ -71,22 +163,3 @@ def done_shards(
         for key in active
         if (key not in window.incomplete or key in reached) and key not in failed
     ]
-
-
-def shard_budget(wide_batches: bool, batch: DrainStats) -> int:
-    """How many shards the next batch claims: OUTBOX_BATCH_SHARDS; or, on a backend
-    whose steps cost one statement each whatever the shard count (`wide_batches`), as
-    many shards as fill a window of OUTBOX_BATCH_ROWS at the last batch's rows per shard
-    (one message per shard: up to OUTBOX_BATCH_ROWS shards), so small shards cost no
-    more round trips per message than big ones."""
-    shards = outbox_settings.BATCH_SHARDS
-    if not wide_batches or not batch.shards:
-        return shards
-    per_shard = max(rows_per_shard(batch), 1.0)
-    return max(shards, min(outbox_settings.BATCH_ROWS, int(outbox_settings.BATCH_ROWS / per_shard)))
-
-
-def rows_per_shard(batch: DrainStats) -> float:
-    """The rows a batch worked on (retired, failed or dead-lettered) per shard it claimed."""
-    rows = batch.rows_retired + batch.failures + batch.dead_lettered
-    return rows / batch.shards if batch.shards else 0.0

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 
 from outbox.backends.base import Group
-from outbox.engine.stats import Round
+from outbox.engine.rounds import Round
 from outbox.shards import ShardKey
 
 # Receivers wait on something (wake the other slots) when calls take this long on

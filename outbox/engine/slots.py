@@ -20,6 +20,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -35,14 +36,19 @@ from outbox.shards import ShardKey
 _TICK_SECONDS = 0.02
 
 _stuck_lock = threading.Lock()
-_stuck_in_process = 0  # every pool's stuck threads
+_stuck_in_process: Counter[object] = Counter()  # every pool's stuck threads, by table
 
 
-def _count_stuck(change: int) -> int:
-    global _stuck_in_process
+def stuck_receivers() -> int:
+    """The receiver threads of this process still in a call given up at the timeout."""
     with _stuck_lock:
-        _stuck_in_process += change
-        return _stuck_in_process
+        return sum(_stuck_in_process.values())
+
+
+def _count_stuck(key: object, change: int) -> int:
+    with _stuck_lock:
+        _stuck_in_process[key] += change
+        return _stuck_in_process[key]
 
 
 class SlotPool:
@@ -55,7 +61,7 @@ class SlotPool:
         self._runs: queue.SimpleQueue[WindowRun | None] = queue.SimpleQueue()
         self._threads: set[threading.Thread] = set()
         # What to call when a given-up call returns, by the thread that ran it.
-        self._on_return: dict[threading.Thread, Callable[[int], None]] = {}
+        self._on_return: dict[threading.Thread, tuple[object, Callable[[int], None]]] = {}
         self._idle = 0
         self._lock = threading.Lock()
 
@@ -102,26 +108,25 @@ class SlotPool:
         except Abandoned:
             with self._lock:
                 self.stuck -= 1
-                on_return = self._on_return.pop(threading.current_thread(), None)
-            in_process = _count_stuck(-1)
-            if on_return is not None:
-                on_return(in_process)
+                key, on_return = self._on_return.pop(threading.current_thread())
+            on_return(_count_stuck(key, -1))
         finally:
             with self._lock:
                 self._threads.discard(threading.current_thread())
             connections.close_all()  # this slot's own connections
 
-    def abandon(self, task: ShardTask, on_return: Callable[[int], None]) -> int:
+    def abandon(self, task: ShardTask, key: object, on_return: Callable[[int], None]) -> int:
         """Give up `task`'s running call: its thread no longer counts as a slot. Returns
-        the threads stuck in the process now; `on_return` is given that count again
-        once the call returns."""
+        the threads stuck in the process for `key` (a table) now; `on_return` is given
+        that count again once the call returns."""
         with self._lock:
             self.stuck += 1
+            thread = task.thread
+            assert thread is not None  # the task is in a call
             # The thread ends when the call returns; a new one may take its place now.
-            if task.thread is not None:
-                self._threads.discard(task.thread)
-                self._on_return[task.thread] = on_return
-        return _count_stuck(1)
+            self._threads.discard(thread)
+            self._on_return[thread] = (key, on_return)
+        return _count_stuck(key, 1)
 
 
 def deliver_window(

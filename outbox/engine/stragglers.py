@@ -27,11 +27,10 @@ import outbox.engine.events as events
 from outbox.backends.base import Lease, OutboxBackend
 from outbox.conf import outbox_settings
 from outbox.engine.failures import judge
-from outbox.engine.keeper import Holding, LeaseKeeper
-from outbox.engine.rounds import retrying
+from outbox.engine.leases import Holding, LeaseKeeper, retrying
+from outbox.engine.rounds import DrainStats, Round
 from outbox.engine.shard_tasks import ShardTask
 from outbox.engine.slots import SlotPool
-from outbox.engine.stats import DrainStats, Round
 from outbox.exceptions import StuckReceivers
 from outbox.models import OutboxBase
 
@@ -143,7 +142,7 @@ class Stragglers:
                 task.abandoned = True
                 group = task.group
                 round_ = task.straggler_round()
-            stuck = self.pool.abandon(task, on_return=self._report_stuck)
+            stuck = self.pool.abandon(task, self.model, on_return=self._report_stuck)
             self._report_stuck(stuck)
             assert group is not None  # a call is running
             logger.warning(

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 
 from outbox.backends.base import Group
+from outbox.engine.rounds import Round
 from outbox.engine.shard_tasks import (
     STALLED_CALL_SECONDS,
     STRAGGLER_SECONDS,
@@ -21,7 +22,6 @@ from outbox.engine.shard_tasks import (
     BulkTask,
     ShardTask,
 )
-from outbox.engine.stats import Round
 from outbox.shards import ShardKey
 
 # How many queued shards the bulk task takes at once.

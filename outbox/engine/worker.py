@@ -29,9 +29,9 @@ from django.db import InterfaceError, OperationalError, connections, router
 
 from outbox.conf import outbox_settings
 from outbox.engine.drain import drain_outboxes
-from outbox.engine.drainer import Drainer
+from outbox.engine.rounds import DrainStats
 from outbox.engine.slots import SlotPool, kept_slots
-from outbox.engine.stats import DrainStats
+from outbox.engine.table import Drainer
 from outbox.engine.wakeup import StopEvent, Waiter
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase, outbox_models

@@ -3,16 +3,18 @@
 Instruments come from the meter ``outbox`` of the global meter provider, which the
 project sets up with the SDK and its exporter (e.g. OTLP): counters ``outbox.saved``,
 ``outbox.processed``, ``outbox.failed``, ``outbox.dead_lettered``,
-``outbox.leases_lost``, histograms ``outbox.processing_lag`` and ``outbox.send_duration``
-(seconds) and gauges ``outbox.backlog.rows`` and ``outbox.backlog.shards``, with the
-attributes ``outbox.table``, ``outbox.scope`` and ``outbox.category``.
+``outbox.leases_lost``, histograms ``outbox.processing_lag``, ``outbox.send_duration``,
+``outbox.receiver_duration`` and ``outbox.claim_duration`` (seconds) and gauges
+``outbox.backlog.rows``, ``outbox.backlog.shards`` and ``outbox.stuck_receivers`` (this
+process's count), with the attributes ``outbox.table``, ``outbox.scope``,
+``outbox.category`` and ``outbox.receiver``.
 """
 
 from __future__ import annotations
 
 from opentelemetry import metrics as otel
 
-from outbox.metrics import Metrics
+from outbox.metrics.base import Metrics
 
 __all__ = ["OpenTelemetryMetrics"]
 
@@ -68,6 +70,11 @@ class OpenTelemetryMetrics(Metrics):
         self._backlog_shards = meter.create_gauge(
             "outbox.backlog.shards", "{shard}", "Outbox shards with rows waiting."
         )
+        self._stuck_receivers = meter.create_gauge(
+            "outbox.stuck_receivers",
+            "{thread}",
+            "Receiver threads still running calls given up at the timeout.",
+        )
 
     def saved(self, table: str, scope: str, category: str, count: int) -> None:
         self._saved.add(count, _attributes(table, scope, category))
@@ -109,6 +116,9 @@ class OpenTelemetryMetrics(Metrics):
 
     def claimed(self, table: str, shards: int, duration_seconds: float) -> None:
         self._claim_duration.record(duration_seconds, {"outbox.table": table})
+
+    def stuck_receivers(self, table: str, count: int) -> None:
+        self._stuck_receivers.set(count, {"outbox.table": table})
 
 
 def _attributes(table: str, scope: str, category: str | None = None) -> dict[str, str]:

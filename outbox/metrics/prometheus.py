@@ -3,14 +3,16 @@
 The instruments are registered once per registry (the default `REGISTRY` unless one is
 given): `outbox_saved_total`, `outbox_processed_total`, `outbox_failed_total`,
 `outbox_dead_lettered_total`, `outbox_leases_lost_total`, the histograms
-`outbox_processing_lag_seconds` and `outbox_send_duration_seconds`, and the gauges
-`outbox_backlog_rows` and `outbox_backlog_shards`.
+`outbox_processing_lag_seconds`, `outbox_send_duration_seconds`,
+`outbox_receiver_duration_seconds` and `outbox_claim_duration_seconds`, and the gauges
+`outbox_backlog_rows`, `outbox_backlog_shards` and `outbox_stuck_receivers`.
 
 Multiprocess mode (gunicorn workers, Celery pool processes): set the environment
 variable ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before the processes start;
 `prometheus_client` then keeps every process's values in files there, and the process
 serving ``/metrics`` exposes them with `prometheus_client.multiprocess.MultiProcessCollector`.
-The backlog gauges show the most recent reading of any process (``mostrecent``).
+The backlog gauges show the most recent reading of any process (``mostrecent``); the
+stuck receivers gauge sums the live processes' counts (``livesum``).
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Iterable
+from typing import Literal
 
 from django.db import connections
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from outbox.metrics import Metrics, record_backlog
+from outbox.metrics.backlog import record_backlog
+from outbox.metrics.base import Metrics
 
 __all__ = ["PrometheusMetrics", "PrometheusScrapeMetrics"]
 
@@ -34,6 +38,8 @@ MESSAGE_LABELS = ("table", "scope", "category")
 SCOPE_LABELS = ("table", "scope")
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+# How a gauge combines the processes' values in multiprocess mode (see the module docstring).
+_Mode = Literal["mostrecent", "livesum"]
 
 
 class _Instruments:
@@ -41,14 +47,10 @@ class _Instruments:
         def counter(name: str, doc: str, labels: Iterable[str] = MESSAGE_LABELS) -> Counter:
             return Counter(f"outbox_{name}", doc, labels, registry=registry)
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(
-                f"outbox_{name}",
-                doc,
-                SCOPE_LABELS,
-                registry=registry,
-                multiprocess_mode="mostrecent",
-            )
+        def gauge(
+            name: str, doc: str, labels: Iterable[str] = SCOPE_LABELS, mode: _Mode = "mostrecent"
+        ) -> Gauge:
+            return Gauge(f"outbox_{name}", doc, labels, registry=registry, multiprocess_mode=mode)
 
         self.saved = counter("saved", "Outbox rows saved.")
         self.processed = counter("processed", "Outbox rows retired by a delivery.")
@@ -85,6 +87,9 @@ class _Instruments:
         )
         self.backlog_rows = gauge("backlog_rows", "Outbox rows waiting, per scope.")
         self.backlog_shards = gauge("backlog_shards", "Outbox shards with rows waiting.")
+        self.stuck_receivers = gauge(
+            "stuck_receivers", "Receiver threads stuck past the timeout.", ("table",), "livesum"
+        )
 
 
 # Instruments by registry: a registry refuses a second instrument of the same name.
@@ -140,6 +145,9 @@ class PrometheusMetrics(Metrics):
 
     def claimed(self, table: str, shards: int, duration_seconds: float) -> None:
         self.instruments.claim_duration.labels(table).observe(duration_seconds)
+
+    def stuck_receivers(self, table: str, count: int) -> None:
+        self.instruments.stuck_receivers.labels(table).set(count)
 
 
 class PrometheusScrapeMetrics(PrometheusMetrics):

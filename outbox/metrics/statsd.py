@@ -8,7 +8,9 @@ Plain StatsD has no tags, so labels become name segments after the prefix
 ``outbox.send_duration.<table>.<scope>.<category>``,
 ``outbox.receiver_duration.<table>.<scope>.<category>.<receiver>`` and
 ``outbox.claim_duration.<table>`` (milliseconds, as StatsD times), and
-the gauges ``outbox.backlog_rows.<table>.<scope>`` and ``outbox.backlog_shards.<...>``.
+the gauges ``outbox.backlog_rows.<table>.<scope>``, ``outbox.backlog_shards.<...>`` and
+``outbox.stuck_receivers.<table>`` (a process's own count: with several processes it
+shows the last one sent, as StatsD gauges do not add up).
 The table is its model label with the dot replaced: ``outbox_RegionOutbox``.
 """
 
@@ -20,7 +22,7 @@ import re
 from statsd import StatsClient
 
 from outbox.conf import outbox_settings
-from outbox.metrics import Metrics
+from outbox.metrics.base import Metrics
 
 __all__ = ["StatsdMetrics"]
 
@@ -77,6 +79,9 @@ class StatsdMetrics(Metrics):
 
     def claimed(self, table: str, shards: int, duration_seconds: float) -> None:
         self.client.timing(_name("claim_duration", table), duration_seconds * 1000)
+
+    def stuck_receivers(self, table: str, count: int) -> None:
+        self.client.gauge(_name("stuck_receivers", table), count)
 
 
 @functools.lru_cache(maxsize=4096)

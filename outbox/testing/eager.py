@@ -26,8 +26,8 @@ from django.db import router
 from django.db.models import Case, DateTimeField, F, When
 from django.db.models.functions import Coalesce, Now
 
-import outbox.engine.delivery as delivery
 import outbox.engine.events as events
+import outbox.engine.receivers as receivers
 from outbox.backends.base import FailedGroup, Group
 from outbox.backends.portable import PortableBackend, db_now_plus
 from outbox.conf import outbox_settings
@@ -120,7 +120,7 @@ class _EagerTable:
             return False
         started = time.monotonic()
         try:
-            retired = delivery.send(self.model, group, lambda: self._retire(group), self.using)
+            retired = receivers.send(self.model, group, lambda: self._retire(group), self.using)
         except Exception as exc:
             return self._failed(group, exc)
         if not retired:
@@ -138,7 +138,7 @@ class _EagerTable:
         failed, dead = judge(self.model, group, exc, self.using)
         self._record_attempt(failed, dead)
         if self.raise_errors:
-            errors = exc.errors if isinstance(exc, delivery.DeliveryFailed) else []
+            errors = exc.errors if isinstance(exc, receivers.DeliveryFailed) else []
             # One failing receiver: its own error, as the test wrote it.
             raise errors[0][1] if len(errors) == 1 else exc
         return dead

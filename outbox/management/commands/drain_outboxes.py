@@ -20,6 +20,7 @@ from django.db import DatabaseError
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
+from outbox.engine.slots import stuck_receivers
 from outbox.exceptions import DrainInTransaction, InvalidOutboxMessage, StuckReceivers
 from outbox.health import backlog
 from outbox.management.arguments import database_alias, outbox_table, positive_int
@@ -137,6 +138,8 @@ class Command(BaseCommand):
             f"outbox drain alive: {total.rows_retired} rows retired in {elapsed:.0f}s "
             f"({rate:.0f} rows/s), {total.failures} failures; backlog {figures}"
         )
+        if stuck := stuck_receivers():  # see OUTBOX_RECEIVER_TIMEOUT_SECONDS
+            line += f"; {stuck} receiver thread(s) stuck in calls given up at the timeout"
         logger.info(line, extra={"event": "outbox.heartbeat"})
         if self.verbosity >= 2:
             self.stdout.write(line)

@@ -1,9 +1,10 @@
-"""Keeps the leases of running batches alive while their receivers run.
+"""Holding leases while receivers run, letting them go, and retrying the short
+statements that do both.
 
-One daemon thread per process renews every lease a third of its length after the last
-renewal, so a slow receiver delays only its own shard. A receiver that runs past
-OUTBOX_RECEIVER_DEADLINE_SECONDS is taken as hung: its lease is no longer renewed and
-expires, and another worker retries the shard.
+One daemon thread per process (`LeaseKeeper`) renews every lease a third of its length
+after the last renewal, so a slow receiver delays only its own shard. A receiver that
+runs past OUTBOX_RECEIVER_DEADLINE_SECONDS is taken as hung: its lease is no longer
+renewed and expires, and another worker retries the shard.
 """
 
 from __future__ import annotations
@@ -12,17 +13,21 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections
 
 from outbox.backends.base import Lease, OutboxBackend
+from outbox.backends.errors import is_transient_lock_error
 from outbox.conf import outbox_settings
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
 logger = logging.getLogger("outbox.engine")
+
+_T = TypeVar("_T")
 
 
 @dataclass(eq=False)
@@ -119,3 +124,27 @@ class LeaseKeeper:
             return
         holding.renewed_at = time.monotonic()
         holding.lost.update(key for key in holding.lease.shards if key not in held)
+
+
+def retrying(operation: Callable[[], _T]) -> _T:
+    """Run a short engine statement, retrying deadlocks and lock timeouts."""
+    for attempt in range(5):
+        try:
+            return operation()
+        except Exception as exc:
+            if attempt == 4 or not is_transient_lock_error(exc):
+                raise
+            time.sleep(0.01 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def release_quietly(backend: OutboxBackend, model: type[OutboxBase], lease: Lease) -> bool:
+    """Release the lease's shards, retrying lock errors; False, with a warning logged,
+    if that failed: the leases expire by themselves, and the error that brought the
+    caller here matters more."""
+    try:
+        retrying(lambda: backend.release(model, lease, lease.shards))
+    except Exception:
+        logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
+        return False
+    return True

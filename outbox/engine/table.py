@@ -1,4 +1,5 @@
-"""The drain engine: claim shards with a lease, deliver their groups, settle in batches.
+"""One outbox table's drain on one database (`Drainer`): claim shards with a lease,
+deliver their groups, settle in batches.
 
 A batch is: claim due shards (committed), read a window of their rows, call receivers
 outside any transaction, then settle the round (delete the delivered rows, reschedule
@@ -27,14 +28,13 @@ import outbox.engine.events as events
 from outbox.backends import get_backend
 from outbox.backends.base import Lease, ShardFilter, Window
 from outbox.conf import outbox_settings
-from outbox.engine.ahead import ClaimAhead, Claimed
 from outbox.engine.batch import BatchWorker
-from outbox.engine.behind import Pending, SettleBehind
-from outbox.engine.pace import Pace
-from outbox.engine.rounds import retrying, rows_per_shard, shard_budget
+from outbox.engine.leases import retrying
+from outbox.engine.pace import Pace, rows_per_shard, shard_budget
+from outbox.engine.pipeline import ClaimAhead, Claimed, SettleBehind, Unsettled
+from outbox.engine.rounds import DrainStats
 from outbox.engine.slots import SlotPool
-from outbox.engine.stats import DrainStats
-from outbox.engine.stragglers import on_slots
+from outbox.engine.stragglers import Stragglers, on_slots
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
@@ -46,7 +46,7 @@ logger = logging.getLogger("outbox.engine")
 CLAIMS_AHEAD = 2
 
 
-class Drainer(BatchWorker):
+class Drainer:
     """Drains one outbox table on one database. Cheap to create; not thread-safe."""
 
     def __init__(
@@ -69,11 +69,10 @@ class Drainer(BatchWorker):
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"[:128]
         self._cursor: ShardKey | None = None
         self._small = False  # the last batch was full, of shards of a row or two each
-        self._report_processed = False
         self.concurrency = concurrency  # None: OUTBOX_CONCURRENCY
         self._kept_slots = slots  # a pool kept by the caller across drains, else None
-        self._slots = self._stragglers = None
-        self._wide = False
+        self._stragglers: Stragglers | None = None  # while delivering on slots
+        self._batch = BatchWorker(self.model, self.using, self.backend, self.stop)
         self._pace = Pace()
         self._claimed_again = False
 
@@ -95,22 +94,24 @@ class Drainer(BatchWorker):
         """Inside, deliver on slot threads where the concurrency asks for them."""
         size, kept = self._slot_count, self._kept_slots
         with on_slots(self.backend, self.model, self.using, size, kept, stats) as pair:
-            self._slots, self._stragglers = pair or (None, None)
+            batch = self._batch
+            batch.slots, batch.stragglers = pair or (None, None)
+            self._stragglers = batch.stragglers
             try:
                 yield
             finally:
-                self._slots = self._stragglers = None
+                batch.slots = batch.stragglers = self._stragglers = None
 
     def _batches(
         self, stats: DrainStats, deadline: float | None, behind: SettleBehind | None
     ) -> None:
         """Claim and work batches until none is due. From the second full batch in a row
         on (a backlog), the settle of each one is left to `behind`, done while the next
-        one runs (see `outbox.engine.behind`), and the next two are claimed while this
-        one is read and delivered (`outbox.engine.ahead`)."""
+        one runs, and the next two are claimed while this one is read and delivered
+        (`outbox.engine.pipeline`)."""
         idle_rounds = full_in_a_row = 0
         limit = self._pace.limit(outbox_settings.BATCH_SHARDS, self._slot_count)
-        pending: Pending | None = None  # the last batch, delivered, not settled yet
+        pending: Unsettled | None = None  # the last batch, delivered, not settled yet
         ahead = ClaimAhead(self.backend, self.model)  # no thread until it starts
         try:
             while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -158,10 +159,10 @@ class Drainer(BatchWorker):
             return self._kept_slots.size
         return self.concurrency or outbox_settings.CONCURRENCY
 
-    def _work_paced(self, claimed: Claimed, defer: bool) -> tuple[DrainStats, Pending | None]:
+    def _work_paced(self, claimed: Claimed, defer: bool) -> tuple[DrainStats, Unsettled | None]:
         """Work a claimed batch (`_work`), noting how long it took per shard."""
         started = time.monotonic()
-        batch, pending = self._work(claimed.lease, None, defer=defer, holding=claimed.holding)
+        batch, pending = self._batch.work(claimed.lease, None, defer=defer, holding=claimed.holding)
         self._pace.observe(batch, time.monotonic() - started)
         return batch, pending
 
@@ -202,7 +203,7 @@ class Drainer(BatchWorker):
     def _settle_behind(
         self,
         behind: SettleBehind,
-        pending: Pending,
+        pending: Unsettled,
         stats: DrainStats,
         claimed: Claimed,
         ahead: ClaimAhead,
@@ -236,7 +237,7 @@ class Drainer(BatchWorker):
         window = self._claim_and_read(lease, tuple(bounds))
         if window is None:
             self._claim(lease, len(bounds), shards=tuple(bounds))
-        stats, _ = self._work(lease, bounds=bounds, window=window)
+        stats, _ = self._batch.work(lease, bounds=bounds, window=window)
         stats.seconds = time.monotonic() - started
         return stats
 
@@ -276,11 +277,10 @@ class Drainer(BatchWorker):
             return None
         started = time.monotonic()  # the claim's duration includes its read here
         try:
-            window = retrying(
-                lambda: self.backend.claim_and_read(self.model, lease, shards, self._window_rows())
-            )
+            rows = self._batch.window_rows()
+            window = retrying(lambda: self.backend.claim_and_read(self.model, lease, shards, rows))
         except BaseException:
-            self._release_remaining(lease)  # won, then failed reading: let them go now
+            self._batch.release_remaining(lease)  # won, then failed reading: let them go now
             raise
         if window is not None:
             events.claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)

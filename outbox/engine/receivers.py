@@ -51,7 +51,7 @@ def receiver_id(receiver: Callable[..., Any]) -> str:
     return f"{module}.{qualname}"
 
 
-class Dispatch:
+class ReceiverCalls:
     """Delivery to one outbox table's receivers, for one window of messages.
 
     Each category's receivers, and whether they are transactional, are looked up once per
@@ -102,8 +102,8 @@ class Dispatch:
 
 
 def send(model: type[OutboxBase], group: Group, retire: Callable[[], bool], using: str) -> bool:
-    """Deliver one group on its own (see `Dispatch.send`)."""
-    return Dispatch(model, using).send(group, retire)
+    """Deliver one group on its own (see `ReceiverCalls.send`)."""
+    return ReceiverCalls(model, using).send(group, retire)
 
 
 class _Route:

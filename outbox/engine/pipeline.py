@@ -1,0 +1,252 @@
+"""A backlog's pipeline: the next batches are claimed ahead, and each delivered batch
+is settled behind, on helper threads, while the drain reads and delivers the current one.
+
+In a backlog a drain's time goes to four things in turn: claiming a batch, reading it,
+delivering it, and settling it. Claiming ahead (`ClaimAhead`) and settling behind
+(`SettleBehind`) let the database do the first and the last while Python delivers.
+Both run on a `JobThread`: one daemon thread with database connections of its own,
+closed when it ends; a job in flight never holds up the process's exit (its
+transaction rolls back, and its batch is redelivered).
+
+Claims ahead: two wait at a time (`CLAIMS_AHEAD` in `outbox.engine.table`), so the
+claiming thread never waits for the drain between them. A batch claimed ahead is leased
+and handed to the lease keeper as soon as it is won, so it is renewed even if the
+batches before it take long. A drain that stops, fails or finds the backlog done before
+it works on such a batch releases its shards. A claim made ahead that won nothing may be
+older than the settle that released shards with new rows: the drain claims again rather
+than end on it.
+
+Settles behind: a drain that finds another batch hands the settle of the batch it has
+just delivered (delete its rows, record its failures, release its shards) to the thread.
+At most one settle is in flight; the drain waits for it before handing over another,
+and before it returns, so its statistics and effects are complete on return. The shards
+stay leased (and renewed) until their settle releases them, so no worker claims them in
+between, and the settle is guarded by the lease. A process killed before the settle
+commits redelivers that batch, as one killed just before a synchronous settle would.
+
+Only a drain that has found two full batches in a row (a backlog) does either, and only
+on backends that say so (`OutboxBackend.settles_behind`: the fast paths of PostgreSQL
+and MariaDB) while `OUTBOX_SETTLE_IN_BACKGROUND` is on.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from django.db import connections
+
+import outbox.engine.events as events
+from outbox.backends.base import Lease, OutboxBackend, Settlement, SettleResult
+from outbox.engine.leases import Holding, LeaseKeeper, release_quietly, retrying
+from outbox.engine.rounds import DrainStats, Round
+from outbox.models import OutboxBase
+
+_T = TypeVar("_T")
+
+
+class JobThread:
+    """Runs one job at a time, in the order given, each in its caller's context."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None]
+        self._jobs = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, job: Callable[[], _T]) -> Future[_T]:
+        """Run `job` on the thread, in the caller's context (tracing spans, say)."""
+        future: Future[_T] = Future()
+        context = contextvars.copy_context()
+        self._jobs.put((lambda: context.run(job), future))
+        return future
+
+    def stop(self) -> None:
+        """End the thread once the jobs given are done, and wait for it."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _work(self) -> None:
+        try:
+            while (item := self._jobs.get()) is not None:
+                job, future = item
+                try:
+                    future.set_result(job())
+                except BaseException as exc:
+                    future.set_exception(exc)
+        finally:
+            connections.close_all()  # this thread's own connections
+
+
+@dataclass
+class Claimed:
+    """A batch claimed: its lease and, if claimed ahead, the keeper's holding of it
+    (None: not claimed ahead, or no shard won)."""
+
+    lease: Lease
+    holding: Holding | None = None
+
+
+class ClaimAhead:
+    """Claims one drain's next batches on a background thread, one claim at a time."""
+
+    def __init__(self, backend: OutboxBackend, model: type[OutboxBase]) -> None:
+        self.backend = backend
+        self.model = model
+        self._thread: JobThread | None = None
+        self._next: deque[Future[Claimed]] = deque()
+
+    @property
+    def started(self) -> int:
+        """How many claims are under way or done and not taken."""
+        return len(self._next)
+
+    def start(self, claim: Callable[[], Lease]) -> None:
+        """Claim with `claim`, on the thread, once the claims started before are done."""
+        if self._thread is None:
+            self._thread = JobThread("outbox-claim")
+        self._next.append(self._thread.run(lambda: self._claim(claim)))
+
+    def take(self) -> Claimed:
+        """The batch claimed first of those not taken; raises what its claim raised."""
+        return self._next.popleft().result()
+
+    def cancel(self) -> None:
+        """Let go of the batches claimed ahead and not taken (the drain claims anew)."""
+        while self._next:
+            try:
+                claimed = self.take()
+            except Exception:
+                continue  # that claim failed: nothing to let go
+            self.release(claimed)
+
+    def close(self) -> None:
+        """`cancel`, then end the thread."""
+        thread, self._thread = self._thread, None
+        try:
+            self.cancel()
+        finally:
+            if thread is not None:
+                thread.stop()
+
+    def release(self, claimed: Claimed) -> None:
+        """Stop renewing a claimed batch (if claimed ahead) and release its shards."""
+        if claimed.holding is not None:
+            LeaseKeeper.get().drop(claimed.holding)
+        if claimed.lease.shards:
+            release_quietly(self.backend, self.model, claimed.lease)
+
+    def _claim(self, claim: Callable[[], Lease]) -> Claimed:
+        lease = claim()
+        if not lease.shards:
+            return Claimed(lease)
+        holding = Holding(self.backend, self.model, lease)
+        LeaseKeeper.get().hold(holding)
+        return Claimed(lease, holding)
+
+
+logger = logging.getLogger("outbox.engine")
+
+
+@dataclass
+class Unsettled:
+    """A batch's last round, delivered and not settled yet: already counted into the
+    drain's statistics as if its settle deleted `expected` rows; its lease is still
+    renewed (`holding`) and still lists the shards being settled."""
+
+    lease: Lease
+    round: Round
+    settlement: Settlement
+    expected: int
+    holding: Holding
+
+
+class SettleBehind:
+    """Settles one drain's batches on a background thread, one at a time."""
+
+    def __init__(self, backend: OutboxBackend, model: type[OutboxBase], using: str) -> None:
+        self.backend = backend
+        self.model = model
+        self.using = using
+        self._thread: JobThread | None = None
+        self._in_flight: tuple[Unsettled, Future[SettleResult]] | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._in_flight is not None
+
+    def submit(self, pending: Unsettled, stats: DrainStats) -> None:
+        """Settle `pending` in the background, once the settle in flight is done (and
+        counted into `stats`; if it failed, this raises and `pending` is not taken)."""
+        self.wait(stats)
+        if self._thread is None:
+            self._thread = JobThread("outbox-settle")
+        self._in_flight = (pending, self._thread.run(lambda: self._settle(pending)))
+
+    def settle_now(self, pending: Unsettled, stats: DrainStats) -> None:
+        """Settle `pending` in this thread, after the settle in flight (if any)."""
+        try:
+            self.wait(stats)
+        finally:
+            self._count(pending, self._settle(pending), stats)
+
+    def wait(self, stats: DrainStats) -> None:
+        """Wait for the settle in flight, if any, and count it into `stats`; raises
+        what the settle raised."""
+        if self._in_flight is not None:
+            pending, future = self._in_flight
+            self._in_flight = None
+            self._count(pending, future.result(), stats)
+
+    def catch_up(self, stats: DrainStats, pending: Unsettled | None = None) -> None:
+        """Settle `pending` now, after the settle in flight: every batch delivered so
+        far is then settled and its shards released."""
+        if pending is not None:
+            self.settle_now(pending, stats)
+        else:
+            self.wait(stats)
+
+    def close(self, stats: DrainStats, pending: Unsettled | None = None) -> None:
+        """`catch_up`, then end the thread and close its connection."""
+        thread, self._thread = self._thread, None
+        try:
+            self.catch_up(stats, pending)
+        finally:
+            if thread is not None:
+                thread.stop()
+
+    def abandon(self, pending: Unsettled | None) -> None:
+        """`close` while an error propagates: whatever fails here is logged, not raised."""
+        try:
+            self.close(DrainStats(), pending)
+        except Exception:
+            logger.warning("outbox could not settle a batch after an error", exc_info=True)
+
+    def _settle(self, pending: Unsettled) -> SettleResult:
+        """Settle the batch, then let its lease go: the keeper renews it until here. A
+        settle that fails releases the shards, as a failed settle in the drain's own
+        thread leaves them, before the error reaches the drain."""
+        try:
+            lease = pending.lease
+            return retrying(lambda: self.backend.settle(self.model, lease, pending.settlement))
+        except BaseException:
+            release_quietly(self.backend, self.model, pending.lease)
+            raise
+        finally:
+            LeaseKeeper.get().drop(pending.holding)
+
+    def _count(self, pending: Unsettled, settled: SettleResult, stats: DrainStats) -> None:
+        """Correct `stats` by what the settle did (it was counted as `expected`)."""
+        lost = pending.round.lost
+        lost_before = len(lost)
+        lost.update(settled.lost)
+        events.leases_lost(self.model, lost, self.using)
+        stats.rows_retired += settled.deleted - pending.expected
+        stats.leases_lost += len(lost) - lost_before

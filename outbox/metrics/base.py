@@ -1,0 +1,94 @@
+"""The `Metrics` interface, and the adapter `OUTBOX_METRICS` chooses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from outbox.conf import outbox_settings
+from outbox.exceptions import OutboxConfigurationError
+
+__all__ = ["ADAPTERS", "Metrics", "build_metrics", "table_label"]
+
+ADAPTERS = {
+    "prometheus": "outbox.metrics.prometheus.PrometheusMetrics",
+    "statsd": "outbox.metrics.statsd.StatsdMetrics",
+    "opentelemetry": "outbox.metrics.otel.OpenTelemetryMetrics",
+}
+"""The short names `OUTBOX_METRICS` accepts, and the adapter class each one stands for."""
+
+
+class Metrics:
+    """Where the outbox reports what it did. Every method here is a no-op.
+
+    An adapter overrides the methods its backend records. `table` is the outbox model's
+    label, `scope` and `category` are member names (the stored integer as text if no
+    enum declares it). Methods are called from the receivers of the lifecycle signals,
+    in the thread that did the work; an exception they raise is logged, never passed on
+    to the engine.
+    """
+
+    def saved(self, table: str, scope: str, category: str, count: int) -> None:
+        """`count` rows of one scope and category were written."""
+
+    def processed(
+        self,
+        table: str,
+        scope: str,
+        category: str,
+        rows: int,
+        lag_seconds: float | None,
+        duration_seconds: float,
+    ) -> None:
+        """A message was delivered, retiring `rows` rows (coalesced ones included)."""
+
+    def failed(self, table: str, scope: str, category: str) -> None:
+        """A delivery failed (it is retried later, or was dead-lettered)."""
+
+    def dead_lettered(self, table: str, scope: str, category: str) -> None:
+        """A message ran out of attempts and became a dead letter."""
+
+    def lease_lost(self, table: str, scope: str) -> None:
+        """A worker found its lease on a shard of `scope` gone before it settled."""
+
+    def backlog(self, table: str, scope: str, rows: int, shards: int) -> None:
+        """`rows` rows in `shards` shards of `scope` were waiting, at one reading."""
+
+    def receiver_finished(
+        self, table: str, scope: str, category: str, receiver: str, duration_seconds: float
+    ) -> None:
+        """One receiver (`module.qualname`) ran for a message, for `duration_seconds`."""
+
+    def claimed(self, table: str, shards: int, duration_seconds: float) -> None:
+        """A claim of shards took `duration_seconds` and won `shards` (maybe 0)."""
+
+    def stuck_receivers(self, table: str, count: int) -> None:
+        """`count` receiver threads of this process are stuck in calls given up at the
+        timeout (`OUTBOX_RECEIVER_TIMEOUT_SECONDS`); 0 once the last of them returned."""
+
+
+def build_metrics() -> Metrics | None:
+    """The adapter `OUTBOX_METRICS` chooses, freshly built; None when it is unset."""
+    choice = outbox_settings.METRICS
+    if not choice:
+        return None
+    try:
+        adapter = import_string(ADAPTERS.get(choice, choice))
+    except ImportError as error:
+        raise OutboxConfigurationError(
+            f"OUTBOX_METRICS = {choice!r} cannot be loaded ({error}). Use one of "
+            f"{', '.join(map(repr, ADAPTERS))} with its library installed "
+            "(e.g. pip install 'django-outboxes[prometheus]'), or the dotted path of a "
+            "Metrics subclass."
+        ) from error
+    if not (isinstance(adapter, type) and issubclass(adapter, Metrics)):
+        raise OutboxConfigurationError(
+            f"OUTBOX_METRICS = {choice!r} is not a subclass of outbox.metrics.Metrics."
+        )
+    return adapter()
+
+
+def table_label(model: type[Any]) -> str:
+    """The `table` every method is given: the outbox model's label."""
+    return str(model._meta.label)
