@@ -19,7 +19,9 @@ min(shards, concurrency x processes) / wait.
   drain's start; its OUTBOX_RECEIVER_TIMEOUT_SECONDS is set so the drain gives the hung
   call up instead of waiting it out;
 - procrastinate's worker at `concurrency` 32 on the same messages as jobs of a sync task
-  that sleeps 10 ms (`bench.tasks.wait`).
+  that sleeps 10 ms (`bench.tasks.wait`);
+- what the slots cost receivers that return at once: no-op drains at the default
+  concurrency against 1, side by side (`bench.slots_cost`).
 
 Goals are reported, met or missed ("missed_goals"), and never fail the run; a lost,
 duplicate or out-of-order call fails it in any mode.
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench import waiting_report
+from bench.slots_cost import measure as measure_slots_cost
 from bench.waiting_runs import Plan, SettleWatch, left, load, tally
 
 TITLE = "Receivers that wait (concurrency, async receivers, a hung call)"
@@ -174,6 +177,8 @@ def _measure(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
             runs[plan.name].append(result)
             problems += result.pop("problems")
             log(waiting_report.progress(plan, result))
+    slots_cost = measure_slots_cost(mode)
+    log(f"waiting: no-op slots cost {[round(s['ratio'] or 0, 2) for s in slots_cost['shapes']]}")
     reset()
     shapes = {name: _median(results) for name, results in runs.items()}
     comparisons = waiting_report.comparisons(shapes, PROCESS_GOAL, PROCRASTINATE_GOAL)
@@ -185,6 +190,7 @@ def _measure(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
         "rounds": rounds,
         "load_average_start": load_start,
         "load_average_end": list(os.getloadavg()),
+        "slots_cost": slots_cost,
         "problems": problems,
         "missed_goals": _missed(shapes, comparisons),
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench import slots_cost
 from bench.waiting_runs import Plan
 
 
@@ -168,6 +169,8 @@ def markdown(result: dict[str, Any]) -> list[str]:
     if hung:
         lines += ["", _hung_line(hung)]
     lines += ["", _procrastinate_line(result)]
+    if "slots_cost" in result:
+        lines += ["", *slots_cost.markdown(result["slots_cost"])]
     return lines
 
 
