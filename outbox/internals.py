@@ -84,3 +84,9 @@ def live_receivers(
     """The sync and the async receivers connected for `sender`, in Django's order."""
     sync_receivers, async_receivers = signal._live_receivers(sender)
     return list(sync_receivers), list(async_receivers)
+
+
+def has_async_receivers(signal: Signal) -> bool:
+    """Whether any `async def` receiver is connected to `signal`, for any sender. Each
+    entry of `Signal.receivers` ends with its `is_async` flag (Django 5.0 to 6.0)."""
+    return any(entry[-1] for entry in signal.receivers)

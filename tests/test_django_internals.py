@@ -60,3 +60,23 @@ def test_live_receivers_gives_the_sync_and_async_receivers_of_a_sender():
     signal.connect(first, sender="b")
     assert internals.live_receivers(signal, "a") == ([first], [second])
     assert internals.live_receivers(signal, "c") == ([], [])
+
+
+def test_has_async_receivers_sees_an_async_receiver_of_any_sender():
+    from django.dispatch import Signal
+
+    signal = Signal()
+
+    def sync(sender, **kwargs):
+        pass
+
+    async def awaited(sender, **kwargs):
+        pass
+
+    assert not internals.has_async_receivers(signal)
+    signal.connect(sync, sender="a")
+    assert not internals.has_async_receivers(signal)
+    signal.connect(awaited, sender="b")
+    assert internals.has_async_receivers(signal)
+    signal.disconnect(awaited, sender="b")
+    assert not internals.has_async_receivers(signal)

@@ -8,22 +8,18 @@ each group, settle each round (or hand the last one back to be settled behind).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping
 
 import outbox.engine.events as events
-import outbox.engine.receivers as receivers
-from outbox.backends.base import Group, Lease, OutboxBackend, Settlement, Window
+from outbox.backends.base import Lease, OutboxBackend, Window
 from outbox.conf import outbox_settings
-from outbox.engine.failures import judge
 from outbox.engine.gc_pause import collector_paused
 from outbox.engine.leases import Holding, LeaseKeeper, release_quietly, retrying
 from outbox.engine.pipeline import Unsettled
 from outbox.engine.rounds import DrainStats, Round, cut_at_bounds, done_shards
-from outbox.engine.shard_tasks import ShardTask
+from outbox.engine.shard_delivery import ShardDeliverer
 from outbox.engine.slots import SlotPool, deliver_window
 from outbox.engine.stragglers import Stragglers
-from outbox.engine.window_run import ShardDelivery
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
@@ -121,31 +117,36 @@ class BatchWorker:
         if self.slots is not None:  # a lone shard too: its call may hang
             self._deliver_on_slots(self.slots, window, holding, round_)
             return
-        receiver_calls = self._new_receiver_calls()
+        deliverer = self._deliverer(holding)
         for shard, groups in window.shards.items():
-            if not self._deliver_shard(shard, groups, holding, round_, receiver_calls, holding):
+            if not deliverer.deliver(shard, groups, round_, holding):
                 return
 
-    def _new_receiver_calls(self) -> receivers.ReceiverCalls:
-        return receivers.ReceiverCalls(self.model, self.using, timed=self._report_processed)
+    def _deliverer(self, holding: Holding) -> ShardDeliverer:
+        return ShardDeliverer(
+            self.model,
+            self.using,
+            self.backend,
+            self.stop,
+            holding,
+            report_processed=self._report_processed,
+        )
 
     def _deliver_on_slots(
         self, slots: SlotPool, window: Window, holding: Holding, round_: Round
     ) -> None:
         """Deliver the window's shards on the slots (`outbox.engine.slots`); shards still
         in a call when the rest are done go on as stragglers (`round_.running`)."""
-
-        def new_delivery() -> ShardDelivery:  # one per slot and window
-            receiver_calls = self._new_receiver_calls()
-
-            def deliver(task: ShardTask, shard: ShardKey, groups: list[Group], into: Round) -> None:
-                self._deliver_shard(shard, groups, holding, into, receiver_calls, task)
-
-            return deliver
-
         shards = list(window.shards.items())
-        run = deliver_window(slots, shards, new_delivery, start_wide=self._wide, stopping=self.stop)
-        self._wide = run.slow or bool(run.carved)
+        run = deliver_window(
+            slots,
+            shards,
+            lambda: self._deliverer(holding),
+            start_wide=self._wide,
+            stopping=self.stop,
+        )
+        # Calls awaited on the loop need no slot: only slow calls on slots widen.
+        self._wide = run.slow or any(not task.on_loop for task in run.carved)
         for task in run.finished:
             round_.merge(task.round)
         for task in run.carved:
@@ -158,92 +159,6 @@ class BatchWorker:
         errors = [task.error for task in run.finished if task.error is not None]
         if errors:
             raise errors[0]
-
-    def _deliver_shard(
-        self,
-        shard: ShardKey,
-        groups: list[Group],
-        holding: Holding,
-        round_: Round,
-        receiver_calls: receivers.ReceiverCalls,
-        call: Holding | ShardTask,
-    ) -> bool:
-        """Deliver one shard's groups in order until one fails; False when stopping.
-        `call` records the call running now (for the keeper, or the slots)."""
-        stop, overdue_after = self.stop, holding.lease.seconds / 2  # see Holding
-        for group in groups:
-            if stop.is_set():
-                return False
-            if time.monotonic() - holding.renewed_at >= overdue_after:  # checked inline:
-                self._confirm_lease(holding)  # once per message, on the hot path
-            if shard in holding.lost:
-                round_.lost.add(shard)
-                break
-            if group.message is None:
-                break  # removed by an operator meanwhile; the next read sees the rest
-            if not self._deliver_group(group, holding, round_, receiver_calls, call):
-                break
-        return True
-
-    def _confirm_lease(self, holding: Holding) -> None:
-        """Before the next receiver call: if the lease may have lapsed since its last
-        renewal (a receiver ran past the deadline, so the keeper stopped renewing it, or
-        the keeper fell behind), renew it here first. Shards another worker took
-        meanwhile are lost: their rows, read before, may be delivered and gone already."""
-        if not holding.renewal_overdue(time.monotonic()):
-            return
-        held = retrying(lambda: self.backend.renew(self.model, holding.lease))
-        holding.renewed_at = time.monotonic()
-        holding.lost.update(key for key in holding.lease.shards if key not in held)
-
-    def _deliver_group(
-        self,
-        group: Group,
-        holding: Holding,
-        round_: Round,
-        receiver_calls: receivers.ReceiverCalls,
-        call: Holding | ShardTask,
-    ) -> bool:
-        """Deliver one group; False when its shard must stop here."""
-        lease = holding.lease
-        started = call.begin_call(group)
-        try:
-            retired_inline = receiver_calls.send(
-                group, lambda: not self._retire_now(lease, {group.shard: group.row_ids}, round_)
-            )
-        except receivers.LeaseLost:
-            round_.receiver_calls += 1
-            round_.lost.add(group.shard)
-            return False
-        except Exception as exc:
-            round_.receiver_calls += isinstance(exc, receivers.DeliveryFailed)
-            return self._failed(group, exc, round_)
-        finally:
-            call.end_call()
-        round_.receiver_calls += 1
-        round_.groups_delivered += 1
-        if not retired_inline:
-            round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
-        if self._report_processed:
-            timings = dict(receiver_calls.timings or ())
-            duration = time.monotonic() - started
-            events.send_processed(self.model, group, duration, self.using, timings)
-        return True
-
-    def _failed(self, group: Group, exc: Exception, round_: Round) -> bool:
-        """Record a failed group; True when its shard goes on (the group is dead)."""
-        failed, dead = judge(self.model, group, exc, self.using)
-        (round_.dead if dead else round_.failures).append(failed)
-        return dead
-
-    def _retire_now(
-        self, lease: Lease, row_ids: dict[ShardKey, list[int]], round_: Round
-    ) -> set[ShardKey]:
-        """Delete a group's rows inside its transactional receiver's transaction."""
-        settled = self.backend.settle(self.model, lease, Settlement(delivered=row_ids))
-        if not settled.lost:
-            round_.retired_inline += settled.deleted
-        return set(settled.lost)
 
     def _settle(self, lease: Lease, round_: Round, done: list[ShardKey], stats: DrainStats) -> None:
         settlement = round_.settlement(done)

@@ -1,9 +1,11 @@
 """The drain's own event loop, where `async def` receivers are awaited.
 
 A drain delivering on slot threads (`outbox.engine.slots`) starts one event loop on a
-thread of its own the first time an async receiver is called, and awaits every async
-receiver call of its slots there: many shards' calls wait on the network at once, in
-one loop, without a new loop or thread per call. A call past
+thread of its own the first time an async receiver is called. Shards whose receivers
+are all `async def` are delivered there by coroutines, up to the concurrency at once
+(`AwaitedShards`), with no slot thread waiting for them; a slot delivering a category
+with sync receivers too awaits its async ones there (`async_caller`). Either way many
+shards' calls wait on the network at once in one loop. A call past
 `OUTBOX_RECEIVER_TIMEOUT_SECONDS` is cancelled and fails with `TimeoutError`.
 
 Outside such a drain (the synchronous flush after commit, a drain with concurrency 1)
@@ -20,6 +22,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from asgiref.sync import async_to_sync
+from django.db import connections
 
 from outbox.conf import outbox_settings
 
@@ -48,6 +51,8 @@ class EventLoop:
             ) from None
 
     def close(self) -> None:
+        # The loop's own thread may have opened connections (a lease confirmed there).
+        self.loop.call_soon_threadsafe(connections.close_all)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
@@ -90,3 +95,35 @@ def async_caller(receiver: Callable[..., Any]) -> Callable[..., Any]:
         return lazy.get().run(receiver(**kwargs), timeout)
 
     return call
+
+
+class AwaitedShards:
+    """Shards delivered by coroutines on a drain's loop, at most `limit` at once."""
+
+    def __init__(self, loop: LazyEventLoop, limit: int) -> None:
+        self._loop = loop
+        self._free = threading.BoundedSemaphore(limit)
+
+    def start(
+        self,
+        coroutine: Callable[[], Coroutine[Any, Any, None]],
+        done: Callable[[concurrent.futures.Future[None]], None],
+        give_up: Callable[[], bool],
+    ) -> bool:
+        """Run `coroutine()` on the loop once fewer than `limit` run, then `done` with
+        its future; False (nothing started) if `give_up()` turns true while waiting."""
+        while not self._free.acquire(timeout=0.05):
+            if give_up():
+                return False
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine(), self._loop.get().loop)
+        except BaseException:
+            self._free.release()
+            raise
+
+        def finished(future: concurrent.futures.Future[None]) -> None:
+            self._free.release()
+            done(future)
+
+        future.add_done_callback(finished)
+        return True

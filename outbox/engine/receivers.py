@@ -5,10 +5,15 @@ receivers that succeeded are reported with the failure, so that the retry of the
 newest row skips them; the happy path records nothing. Transactional receivers run
 together inside the transaction that deletes the rows: one failure rolls them all
 back, so none of them counts as done.
+
+A category whose receivers are all `async def` (and not transactional) can also be
+awaited from a coroutine (`ReceiverCalls.asend`), each receiver cancelled at
+`OUTBOX_RECEIVER_TIMEOUT_SECONDS`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -19,6 +24,7 @@ from django.dispatch import Signal
 
 from outbox.backends.base import Group
 from outbox.categories import OutboxCategory, registry
+from outbox.conf import outbox_settings
 from outbox.engine.eventloop import async_caller
 from outbox.exceptions import NoReceiver, OutboxError
 from outbox.internals import live_receivers
@@ -76,19 +82,14 @@ class ReceiverCalls:
         them. Raises DeliveryFailed when a receiver raised (after the others ran); a
         category with no receiver raises NoReceiver.
         """
-        route = self._routes.get(group.category)
-        if route is None:
-            route = self._routes[group.category] = _Route(self.signal, group.category)
+        route = self._route(group.category)
         message = group.message
         kwargs = self.model.message_kwargs(message)
         timings = self.timings
         if timings is not None:
             timings.clear()
         if not route.transactional:
-            # The receivers a failed earlier attempt recorded as done for this very row.
-            recorded = getattr(message, "delivered_to", "")
-            done = frozenset(json.loads(recorded)) if recorded else _NONE_DONE
-            route.send(kwargs, done, robust=True, timings=timings)
+            route.send(kwargs, _done_before(message), robust=True, timings=timings)
             return False
         try:
             with transaction.atomic(using=self.using):
@@ -99,6 +100,37 @@ class ReceiverCalls:
             # Rolled back: nothing any of them did counts.
             raise DeliveryFailed(failed.errors, []) from None
         return True
+
+    def awaitable(self, category: int) -> bool:
+        """The category's receivers are all `async def` and none is transactional."""
+        return self._route(category).awaitable
+
+    async def asend(self, group: Group) -> None:
+        """`send` for a category that is `awaitable`: await its receivers in turn."""
+        timings = self.timings
+        if timings is not None:
+            timings.clear()
+        kwargs = self.model.message_kwargs(group.message)
+        await self._route(group.category).asend(kwargs, _done_before(group.message), timings)
+
+    def sibling(self) -> ReceiverCalls:
+        """Another delivery to the same receivers, with timings of its own (for a
+        coroutine running beside others)."""
+        other = ReceiverCalls(self.model, self.using, timed=self.timings is not None)
+        other._routes = self._routes
+        return other
+
+    def _route(self, category: int) -> _Route:
+        route = self._routes.get(category)
+        if route is None:
+            route = self._routes[category] = _Route(self.signal, category)
+        return route
+
+
+def _done_before(message: Any) -> frozenset[str]:
+    """The receivers a failed earlier attempt recorded as done for this very row."""
+    recorded = getattr(message, "delivered_to", "")
+    return frozenset(json.loads(recorded)) if recorded else _NONE_DONE
 
 
 def send(model: type[OutboxBase], group: Group, retire: Callable[[], bool], using: str) -> bool:
@@ -113,7 +145,13 @@ class _Route:
         self.signal = signal
         self.category = registry.category(value)
         self.transactional = is_transactional(signal, self.category)
-        self.receivers = _receivers(signal, self.category)
+        sync_receivers, async_receivers = _live(signal, self.category)
+        self.receivers = [
+            *((r, r) for r in sync_receivers),
+            *((r, async_caller(r)) for r in async_receivers),
+        ]
+        self.async_receivers = async_receivers
+        self.awaitable = bool(async_receivers) and not sync_receivers and not self.transactional
 
     def send(
         self,
@@ -149,20 +187,50 @@ class _Route:
         if errors:
             raise DeliveryFailed(errors, [*done, *map(receiver_id, succeeded)])
 
+    async def asend(
+        self, kwargs: dict[str, Any], done: frozenset[str], timings: list[tuple[str, float]] | None
+    ) -> None:
+        """`send` (robust) of an `awaitable` route, from a coroutine."""
+        signal, category = self.signal, self.category
+        succeeded: list[Callable[..., Any]] = []
+        errors: list[tuple[str, Exception]] = []
+        for receiver in self.async_receivers:
+            if done and receiver_id(receiver) in done:
+                continue
+            started = time.perf_counter()
+            try:
+                await _awaited(receiver, {"signal": signal, "sender": category, **kwargs})
+            except Exception as exc:
+                errors.append((receiver_id(receiver), exc))
+            else:
+                succeeded.append(receiver)
+            finally:
+                if timings is not None:
+                    timings.append((receiver_id(receiver), time.perf_counter() - started))
+        if errors:
+            raise DeliveryFailed(errors, [*done, *map(receiver_id, succeeded)])
 
-def _receivers(
+
+async def _awaited(receiver: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Await one receiver call; cancelled at OUTBOX_RECEIVER_TIMEOUT_SECONDS."""
+    timeout = outbox_settings.RECEIVER_TIMEOUT_SECONDS or None
+    try:
+        await asyncio.wait_for(receiver(**kwargs), timeout)
+    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+        raise TimeoutError(
+            f"async receiver cancelled after {timeout}s (OUTBOX_RECEIVER_TIMEOUT_SECONDS)"
+        ) from None
+
+
+def _live(
     signal: Signal, category: OutboxCategory
-) -> list[tuple[Callable[..., Any], Callable[..., Any]]]:
-    """The live receivers for `category` and how to call each, sync ones first, as
+) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]]]:
+    """The live sync and async receivers for `category`; sync ones run first, as
     `send_robust` orders them.
 
     Django has no public way to call receivers one by one and skip some: see
     `outbox.internals.live_receivers`.
     """
     if not signal.receivers:
-        return []
-    sync_receivers, async_receivers = live_receivers(signal, category)
-    return [
-        *((r, r) for r in sync_receivers),
-        *((r, async_caller(r)) for r in async_receivers),
-    ]
+        return [], []
+    return live_receivers(signal, category)

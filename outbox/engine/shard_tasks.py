@@ -53,6 +53,7 @@ class ShardTask:
         "groups",
         "lock",
         "on_finish",
+        "on_loop",
         "receiver_started",
         "round",
         "shard",
@@ -73,6 +74,7 @@ class ShardTask:
         self.calls = 0
         self.call_seconds = 0.0
         self.thread: threading.Thread | None = None
+        self.on_loop = False  # delivered by a coroutine on the drain's loop, no thread
         self.error: BaseException | None = None
         self.on_finish: Callable[[ShardTask], None] | None = None
         # A carved bulk task's deliveries of other shards, settled with the window.

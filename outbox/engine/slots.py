@@ -28,7 +28,7 @@ from django.db import connections
 
 from outbox.backends.base import Group
 from outbox.conf import outbox_settings
-from outbox.engine.eventloop import LazyEventLoop
+from outbox.engine.eventloop import AwaitedShards, LazyEventLoop
 from outbox.engine.shard_tasks import Abandoned, ShardTask
 from outbox.engine.window_run import NewDelivery, WindowRun
 from outbox.shards import ShardKey
@@ -57,6 +57,7 @@ class SlotPool:
     def __init__(self, size: int) -> None:
         self.size = size
         self.event_loop = LazyEventLoop()  # where the slots await async receivers
+        self.awaited = AwaitedShards(self.event_loop, size)  # shards of async ones only
         self.stuck = 0  # threads still in a call that was given up
         self._runs: queue.SimpleQueue[WindowRun | None] = queue.SimpleQueue()
         self._threads: set[threading.Thread] = set()
@@ -140,7 +141,7 @@ def deliver_window(
     """Deliver `shards` on the pool; return once all are delivered, or carved out as
     stragglers (`run.carved`). Stopping drops the shards no slot has taken yet and
     carves out those still in a call."""
-    run = WindowRun(shards, new_delivery, bulk=not start_wide)
+    run = WindowRun(shards, new_delivery, bulk=not start_wide, awaited=pool.awaited)
     wide = start_wide
     pool.help(run, pool.size if wide else 1)
     dropped = False

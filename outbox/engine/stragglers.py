@@ -137,7 +137,8 @@ class Stragglers:
             with task.lock:
                 # An async call is cancelled at the timeout itself: leave it that moment.
                 late = task.running_for(now) >= timeout + ASYNC_CANCEL_SECONDS
-                if task.finished or not late or task.abandoned:
+                # A coroutine's call is cancelled at the timeout: none to give up.
+                if task.finished or not late or task.abandoned or task.on_loop:
                     continue
                 task.abandoned = True
                 group = task.group

@@ -12,9 +12,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from outbox.backends.base import Group
-from outbox.engine.rounds import Round
+from outbox.engine.eventloop import AwaitedShards
+from outbox.engine.shard_delivery import ShardDeliverer
 from outbox.engine.shard_tasks import (
     STALLED_CALL_SECONDS,
     STRAGGLER_SECONDS,
@@ -28,10 +30,7 @@ from outbox.shards import ShardKey
 RESERVE = 32
 
 
-ShardDelivery = Callable[[ShardTask, ShardKey, list[Group], Round], None]
-"""Delivers one shard's groups in order into a round (the batch worker's loop)."""
-
-NewDelivery = Callable[[], ShardDelivery]
+NewDelivery = Callable[[], ShardDeliverer]
 """Makes the delivery one slot uses for one window (its own receiver lookups)."""
 
 
@@ -39,10 +38,16 @@ class WindowRun:
     """One window's shards, queued for the slots, and the tasks working them."""
 
     def __init__(
-        self, shards: list[tuple[ShardKey, list[Group]]], new_delivery: NewDelivery, *, bulk: bool
+        self,
+        shards: list[tuple[ShardKey, list[Group]]],
+        new_delivery: NewDelivery,
+        *,
+        bulk: bool,
+        awaited: AwaitedShards | None = None,
     ) -> None:
         self.queued = deque(shards)
         self.new_delivery = new_delivery
+        self.awaited = awaited  # where shards of async receivers only are awaited
         self.lock = threading.Lock()
         self.bulk = BulkTask(self.lock) if bulk and shards else None
         self.running: list[ShardTask] = []
@@ -51,6 +56,7 @@ class WindowRun:
         self.emptied_at: float | None = None
         self.slow = False  # a finished task's calls were slow
         self.widened = False  # other slots have joined the bulk task
+        self.dropped = False  # stopping: no shard is started any more
         self.done = threading.Event()
         # Shards no task has taken, and the tasks still working: queued shards plus
         # the bulk task, which takes over the count of every shard it pops.
@@ -69,7 +75,11 @@ class WindowRun:
         deliver = self.new_delivery()
         if bulk is not None:
             self._work_bulk(bulk, deliver)
+        awaitable = self._awaitable(deliver)
         while (task := self._take()) is not None:
+            if awaitable is not None and awaitable(task.groups):
+                self._await(task, deliver)
+                continue
             self._deliver(deliver, task, task.shard, task.groups)
             self._finish(task)
 
@@ -82,10 +92,39 @@ class WindowRun:
             self._start(task)
             return task
 
-    def _work_bulk(self, bulk: BulkTask, deliver: ShardDelivery) -> None:
+    def _awaitable(self, deliver: ShardDeliverer) -> Callable[[list[Group]], bool] | None:
+        """How to tell a shard to await on the loop; None: none can be."""
+        return deliver.awaitable if self.awaited is not None and deliver.any_async else None
+
+    def _own_task(self, shard: ShardKey, groups: list[Group]) -> ShardTask:
+        """A task of its own for a shard the bulk task took (to be awaited)."""
+        task = ShardTask(shard, groups, self.lock)
+        with self.lock:
+            self._unfinished += 1
+            self.running.append(task)
+        return task
+
+    def _await(self, task: ShardTask, deliver: ShardDeliverer) -> None:
+        """Deliver a running task's shard by a coroutine on the loop, not on this slot;
+        the task finishes when it returns. Stopping while waiting for room: it is not
+        delivered (its shard is released with the others)."""
+        assert self.awaited is not None
+        task.on_loop, task.thread = True, None
+
+        def returned(future: Future[None]) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                task.error = future.exception()
+            self._finish(task)
+
+        if not self.awaited.start(
+            lambda: deliver.deliver_on_loop(task), returned, lambda: self.dropped
+        ):
+            self._finish(task)
+
+    def _work_bulk(self, bulk: BulkTask, deliver: ShardDeliverer) -> None:
         """The hot path of receivers that return at once: the lock is taken once per
         `RESERVE` shards, and nothing is allocated per shard."""
-        reserved, into = bulk.reserved, bulk.round
+        reserved, into, awaitable = bulk.reserved, bulk.round, self._awaitable(deliver)
         try:
             while True:
                 try:  # popped here or handed back by `widen`, never both
@@ -96,7 +135,10 @@ class WindowRun:
                     break
                 if not reserved:
                     self._note_emptied()
-                deliver(bulk, bulk.shard, groups, into)
+                if awaitable is not None and awaitable(groups):
+                    self._await(self._own_task(bulk.shard, groups), deliver)
+                    continue
+                deliver.deliver(bulk.shard, groups, into, bulk)
         except Abandoned:
             raise  # the drain has settled this shard already; the slot ends
         except BaseException as exc:
@@ -151,10 +193,10 @@ class WindowRun:
 
     @staticmethod
     def _deliver(
-        deliver: ShardDelivery, task: ShardTask, shard: ShardKey, groups: list[Group]
+        deliver: ShardDeliverer, task: ShardTask, shard: ShardKey, groups: list[Group]
     ) -> None:
         try:
-            deliver(task, shard, groups, task.round)
+            deliver.deliver(shard, groups, task.round, task)
         except Abandoned:
             raise  # the drain has settled this shard already; the slot ends
         except BaseException as exc:
@@ -163,7 +205,8 @@ class WindowRun:
     def _finish(self, task: ShardTask) -> None:
         with self.lock:
             task.finished = True
-            self.slow = self.slow or task.slow
+            # Awaited calls need no slot: their waiting never calls the other slots in.
+            self.slow = self.slow or (task.slow and not task.on_loop)
             self.running.remove(task)
             landed = task.on_finish if task.detached else None
             if not task.detached:
@@ -180,6 +223,7 @@ class WindowRun:
     def drop_queued(self) -> None:
         """Stopping: the shards no slot has taken are not delivered (they are released)."""
         with self.lock:
+            self.dropped = True
             if self.bulk is not None:
                 self.bulk.reserved.clear()  # counted as the bulk task's already
             dropped = len(self.queued)
@@ -204,7 +248,8 @@ class WindowRun:
         with self.lock:
             running = list(self.running)
         return self.slow or any(
-            task.slow or task.running_for(now) >= STALLED_CALL_SECONDS for task in running
+            (task.slow or task.running_for(now) >= STALLED_CALL_SECONDS) and not task.on_loop
+            for task in running
         )
 
     def waiting_on_stragglers(self, now: float) -> bool:
