@@ -1,4 +1,11 @@
+import logging
+
 from django.apps import AppConfig
+
+from outbox.exceptions import OutboxConfigurationError
+
+# The package's name: operators route and silence "outbox.metrics".
+logger = logging.getLogger("outbox.metrics")
 
 
 class OutboxConfig(AppConfig):
@@ -14,15 +21,28 @@ class OutboxConfig(AppConfig):
         from outbox.backends.postgres_notify import sync_triggers_after_migrate
         from outbox.backends.select import commit_with_last_insert
         from outbox.engine.drain import flush_shards
-        from outbox.metrics import install as install_metrics
         from outbox.writes import path
         from outbox.writes.hooks import hooks
 
         path.install()
         hooks.flush = flush_shards
         hooks.commit_with_last_insert = commit_with_last_insert
-        install_metrics()  # connects nothing unless OUTBOX_METRICS is set
+        _install_metrics()
         # After every migrate: the NOTIFY trigger on each outbox table (PostgreSQL).
         post_migrate.connect(
             sync_triggers_after_migrate, sender=self, dispatch_uid="outbox.notify_triggers"
+        )
+
+
+def _install_metrics() -> None:
+    """Install what OUTBOX_METRICS names (nothing when it is unset). A bad value, such as
+    an adapter whose library is missing, must not stop every command: the process runs
+    without metrics, and the system checks (outbox.E011, E012, E018) report it."""
+    from outbox.metrics import install
+
+    try:
+        install()
+    except OutboxConfigurationError as error:
+        logger.error(
+            "Outbox metrics are off: %s", error, extra={"event": "outbox.metrics_unavailable"}
         )

@@ -14,7 +14,8 @@ A category belongs to exactly one scope; declaring it in two raises at import ti
 so do the other declaration mistakes, each naming both declarations (module, class and
 member) and the fix: two members of one enum with one value (Python would silently make
 the second an alias of the first), two categories or two scopes of different enums, apps
-or modules with one value, and a value that does not fit its 32-bit column. Category
+or modules with one value, and a value that does not fit its 32-bit column. A category
+enum is checked as its class is created, whether or not a scope lists it yet. Category
 members are the ``sender`` of the process signals.
 """
 
@@ -77,7 +78,16 @@ class _DeclarationMeta(enum.EnumMeta):
         return cls
 
 
-class OutboxCategory(enum.IntEnum, metaclass=_DeclarationMeta):
+class _CategoryMeta(_DeclarationMeta):
+    # Claimed once the enum class is complete and its members checked.
+    def __new__(mcls, *args: Any, **kwargs: Any) -> Any:
+        cls = super().__new__(mcls, *args, **kwargs)
+        if cls.__members__:
+            registry.declare(cast("type[OutboxCategory]", cls))
+        return cls
+
+
+class OutboxCategory(enum.IntEnum, metaclass=_CategoryMeta):
     """Base class of a project's categories (values unique across the project)."""
 
     @property
@@ -137,8 +147,20 @@ class Registry:
 
     def __init__(self) -> None:
         self.scopes: dict[int, OutboxScope] = {}
-        self.categories: dict[int, OutboxCategory] = {}
+        self.categories: dict[int, OutboxCategory] = {}  # those a scope lists
+        self.declared: dict[int, OutboxCategory] = {}  # every category, listed or not
         self._scope_of: dict[OutboxCategory, OutboxScope] = {}
+
+    def declare(self, category_enum: type[OutboxCategory]) -> None:
+        """Claim the values of a category enum's members, or none of them: each must
+        fit the category column and be unique across the project."""
+        for category in category_enum:
+            _check_fits(category, "category")
+            known = self.declared.get(category.value)
+            if known is not None and known is not category:
+                free = max(self.declared) + 1
+                raise OutboxConfigurationError(_collision("Category", known, category, free))
+        self.declared.update((category.value, category) for category in category_enum)
 
     def add_scopes(self, scope_enum: type[OutboxScope]) -> None:
         """Register every member of a scope enum, or none of them."""
@@ -163,13 +185,7 @@ class Registry:
             self._add_category(scope, category)
 
     def _add_category(self, scope: OutboxScope, category: OutboxCategory) -> None:
-        # By value first: IntEnum members of two enums with one value are equal, so a
-        # value collision would otherwise look like one category in two scopes.
-        same_value = self.categories.get(category.value)
-        if same_value is not None and same_value is not category:
-            raise OutboxConfigurationError(
-                _collision("Category", same_value, category, max(self.categories) + 1)
-            )
+        # Values are unique (`declare`), so an equal category is the same one.
         owner = self._scope_of.get(category)
         if owner is not None and owner is not scope:
             raise OutboxConfigurationError(
@@ -238,7 +254,6 @@ def _check_listed(scope: OutboxScope, category: object) -> None:
             f"List members of an OutboxCategory subclass, e.g. "
             f"{scope.name} = {scope.value}, {{Category.SOME_UPDATE}}."
         )
-    _check_fits(category, "category")
 
 
 registry = Registry()

@@ -1,11 +1,11 @@
-"""System checks with stable ids: outbox.W001/E001 here, the settings' outbox.E010 and up
-in `outbox.checks_settings`. Imported by the app config when it is ready.
+"""System checks with stable ids: outbox.W001/E001 and E018 here, the other settings'
+checks (outbox.E010 to E017) in `outbox.checks_settings`. Imported by the app config when
+it is ready.
 
 A category without a receiver is a warning (outbox.W001) by default, so a project under
 construction, or a quick start, can still `migrate`; its messages are kept and retried,
-never dropped. `manage.py check --deploy` turns it into an error (outbox.E001), and
-`manage.py check --fail-level WARNING` fails on the warning, for CI. Under `--deploy`
-both are listed, since a check cannot tell which run it is part of.
+never dropped. `manage.py check --deploy` makes it an error (outbox.E001) instead, and
+`manage.py check --fail-level WARNING` fails on the warning, for CI.
 """
 
 from __future__ import annotations
@@ -14,13 +14,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.apps import AppConfig
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import ERROR, WARNING, CheckMessage, Error, Tags, register
 
 from outbox.categories import OutboxCategory, registry
 from outbox.checks_settings import check_settings
+from outbox.conf import SETTINGS
+from outbox.exceptions import MetricsUnavailable
+from outbox.metrics.base import metrics_class
 from outbox.models import outbox_models
 
 register(check_settings)
+
+# The W001 warnings of the latest check run, with their categories. A check is not told
+# whether it runs under --deploy; Django runs the deployment checks after the others in
+# the same run, so the deploy check turns these into E001 errors in place, and each
+# category is reported once.
+_warned: list[tuple[CheckMessage, OutboxCategory]] = []
 
 
 def _unreceived() -> list[OutboxCategory]:
@@ -47,27 +56,44 @@ def _hint(category: OutboxCategory) -> str:
     )
 
 
+def _warning(category: OutboxCategory) -> CheckMessage:
+    hint = _hint(category) + " This is an error (outbox.E001) under check --deploy."
+    return CheckMessage(WARNING, _message(category), hint, id="outbox.W001")
+
+
 @register(Tags.signals)
 def check_receivers(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """outbox.W001: every declared category needs a receiver, or its messages pile up."""
-    return [
-        Warning(
-            _message(category),
-            hint=_hint(category) + " This is an error (outbox.E001) under check --deploy.",
-            id="outbox.W001",
-        )
-        for category in _unreceived()
-    ]
+    _warned[:] = [(_warning(category), category) for category in _unreceived()]
+    return [message for message, _ in _warned]
 
 
 @register(Tags.signals, deploy=True)
 def check_receivers_deployed(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """outbox.E001 (check --deploy): a deployed category without a receiver is an error."""
-    return [
-        Error(_message(category), hint=_hint(category), id="outbox.E001")
-        for category in _unreceived()
-    ]
+    """outbox.E001 (check --deploy): a deployed category without a receiver is an error.
+
+    Adds no message of its own: it turns the W001 warnings of the same run into E001."""
+    for message, category in _warned:
+        message.level, message.id, message.hint = ERROR, "outbox.E001", _hint(category)
+    _warned.clear()
+    return []
+
+
+@register()
+def check_metrics(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """outbox.E018: the metrics adapter cannot be loaded, so the app runs without it."""
+    setting = SETTINGS["METRICS"]
+    if setting.problem(setting.configured()):
+        return []  # outbox.E011 or E012 reports it
+    try:
+        metrics_class()
+    except MetricsUnavailable as error:
+        problem = f"{error.problem} The app runs without metrics."
+        return [Error(problem, hint=error.hint, id="outbox.E018")]
+    return []

@@ -8,6 +8,9 @@
 - E016: ``OUTBOX_BACKOFF_MAX_SECONDS`` below ``OUTBOX_BACKOFF_BASE_SECONDS``.
 - E017: ``OUTBOX_CELERY_TIME_LIMIT_SECONDS`` not above ``OUTBOX_TASK_SECONDS``.
 
+E018 (``OUTBOX_METRICS`` names an adapter that cannot be loaded) is in `outbox.checks`:
+this module sits below the metrics layer and may not import the adapters.
+
 The rules across settings only look at values that passed E011 and E012.
 """
 
@@ -63,7 +66,8 @@ def _unknown_names() -> Iterator[Error]:
         guess = f"Did you mean {PREFIX}{close[0]}? " if close else ""
         yield Error(
             f"{name} is not a django-outboxes setting, so it has no effect.",
-            hint=f"{guess}Rename or remove it; the README lists every {PREFIX}* setting.",
+            hint=f"{guess}Rename or remove it; the settings reference "
+            f"(docs/reference/settings.md) lists every {PREFIX}* setting.",
             id="outbox.E010",
         )
 

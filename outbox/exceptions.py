@@ -13,6 +13,20 @@ class OutboxConfigurationError(OutboxError, ImproperlyConfigured):
     """Scopes, categories or settings are declared inconsistently."""
 
 
+class MetricsUnavailable(OutboxConfigurationError):
+    """OUTBOX_METRICS names an adapter that cannot be loaded: its library is not
+    installed, or the path names no Metrics subclass. `problem` says which, `hint` the
+    fix; the system check outbox.E018 reports both."""
+
+    def __init__(self, problem: str, hint: str) -> None:
+        super().__init__(problem, hint)
+        self.problem = problem
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.problem} {self.hint}"
+
+
 class InvalidOutboxMessage(OutboxError, ValueError):
     """An outbox row was refused before anything was written."""
 
@@ -27,6 +41,18 @@ class DrainInTransaction(OutboxError):
     Leases only protect anything once committed, so the engine runs its own short
     transactions and refuses to run inside the caller's.
     """
+
+    @classmethod
+    def refusing(cls, table: str, using: str) -> DrainInTransaction:
+        """The error for a drain of `table` asked for inside a transaction on `using`,
+        with the ways out a test has."""
+        return cls(
+            f"Refusing to drain {table} inside an open transaction on {using!r}: leases "
+            "must commit on their own. Drain after commit. In a test, deliver the pending "
+            "rows inside the test transaction with outbox.testing.deliver_pending() (or "
+            "OutboxTestMixin's deliverOutboxPending()), or commit for real with "
+            "TransactionTestCase or pytest.mark.django_db(transaction=True)."
+        )
 
 
 class FlushInOpenTransaction(DrainInTransaction):

@@ -49,6 +49,11 @@ def scratch_registry():
     """Undo registrations made by a test's own scope and category enums."""
     from outbox.categories import registry
 
-    saved = (dict(registry.scopes), dict(registry.categories), dict(registry._scope_of))
+    saved = (
+        dict(registry.scopes),
+        dict(registry.categories),
+        dict(registry.declared),
+        dict(registry._scope_of),
+    )
     yield
-    registry.scopes, registry.categories, registry._scope_of = saved
+    registry.scopes, registry.categories, registry.declared, registry._scope_of = saved

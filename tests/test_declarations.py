@@ -50,22 +50,21 @@ def test_two_scope_members_with_one_value_are_refused_before_registering():
     assert 7011 not in registry.categories
 
 
-def test_category_values_colliding_across_apps_name_both_declarations():
+def test_category_values_colliding_across_apps_are_refused_before_any_scope_lists_them():
     billing = categories("billing.outboxes", INVOICE_UPDATE=7021)
-    crm = categories("crm.outboxes", CONTACT_UPDATE=7021)
-    OutboxScope("Scope", {"INVOICE": (7020, {billing.INVOICE_UPDATE})}, module="billing.outboxes")
     with pytest.raises(OutboxConfigurationError) as caught:
-        OutboxScope("Scope", {"CONTACT": (7022, {crm.CONTACT_UPDATE})}, module="crm.outboxes")
+        categories("crm.outboxes", CONTACT_UPDATE=7022, CLASH=7021)
     message = str(caught.value)
-    # Not "declared in two scopes", as it used to say: IntEnum members of two enums with
-    # one value compare equal.
+    # Not "declared in two scopes": IntEnum members of two enums with one value compare
+    # equal.
     assert "two scopes" not in message
     assert "Category value 7021 is declared twice" in message
     assert "billing.outboxes.Category.INVOICE_UPDATE" in message
-    assert "crm.outboxes.Category.CONTACT_UPDATE" in message
+    assert "crm.outboxes.Category.CLASH" in message
     assert "unique across the project" in message
     assert "Give one of them another value" in message
-    assert 7022 not in registry.scopes  # nothing half-registered
+    assert registry.declared[7021] is billing.INVOICE_UPDATE
+    assert 7022 not in registry.declared  # nothing half-declared
 
 
 def test_scope_values_colliding_across_apps_name_both_declarations():
@@ -83,20 +82,17 @@ def test_scope_values_colliding_across_apps_name_both_declarations():
 
 
 def test_a_collision_with_the_projects_own_declarations_suggests_a_free_value():
-    stray = categories("stray.outboxes", COPY=Category.ORGANIZATION_UPDATE.value)
     with pytest.raises(OutboxConfigurationError) as caught:
-        OutboxScope("Scope", {"STRAY": (7040, {stray.COPY})}, module="stray.outboxes")
+        categories("stray.outboxes", COPY=Category.ORGANIZATION_UPDATE.value)
     message = str(caught.value)
     assert "tests.testapp.categories.Category.ORGANIZATION_UPDATE" in message
-    assert f"for instance {max(registry.categories) + 1}" in message
+    assert f"for instance {max(registry.declared) + 1}" in message
 
 
 def test_the_same_declaration_imported_twice_says_so():
-    first = categories("shop.outboxes", ORDER_UPDATE=7051)
-    again = categories("shop.outboxes", ORDER_UPDATE=7051)
-    OutboxScope("Scope", {"ORDER": (7050, {first.ORDER_UPDATE})}, module="shop.outboxes")
+    categories("shop.outboxes", ORDER_UPDATE=7051)
     with pytest.raises(OutboxConfigurationError, match="imported under two names"):
-        OutboxScope("Scope", {"ORDER": (7050, {again.ORDER_UPDATE})}, module="shop.outboxes")
+        categories("shop.outboxes", ORDER_UPDATE=7051)
 
 
 def test_a_category_in_two_scopes_names_both_scopes_and_the_fix():

@@ -2,9 +2,14 @@
 
 import logging
 import socket
+import sys
 from pathlib import Path
 
 import pytest
+from django.apps import apps
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.test import override_settings
 from django.utils import timezone
 from opentelemetry.sdk.metrics import MeterProvider
@@ -115,6 +120,58 @@ def test_a_wrong_setting_names_itself(value):
     with override_settings(OUTBOX_METRICS=value), pytest.raises(OutboxConfigurationError) as error:
         build_metrics()
     assert f"OUTBOX_METRICS = {value!r}" in str(error.value)
+
+
+@pytest.fixture
+def without_prometheus_client(monkeypatch):
+    """As if `prometheus_client` were not installed: importing it raises ImportError."""
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    monkeypatch.delitem(sys.modules, "outbox.metrics.prometheus")
+
+
+def outbox_check_errors():
+    return [error for error in run_checks() if error.id.startswith("outbox.")]
+
+
+@pytest.mark.usefixtures("without_prometheus_client")
+def test_a_missing_adapter_library_is_a_system_check_error_naming_the_extra():
+    with override_settings(OUTBOX_METRICS="prometheus"):
+        (error,) = outbox_check_errors()
+        with pytest.raises(SystemCheckError, match=r"outbox\.E018") as raised:
+            call_command("check")
+    assert error.id == "outbox.E018"
+    assert "OUTBOX_METRICS = 'prometheus' cannot be loaded (" in error.msg
+    assert "prometheus_client" in error.msg
+    assert error.hint == "Install its library: pip install 'django-outboxes[prometheus]'."
+    assert "Traceback" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("no.such.Adapter", "cannot be loaded"), ("outbox.conf.Setting", "is not a subclass")],
+)
+def test_a_wrong_adapter_path_is_a_system_check_error(value, problem):
+    with override_settings(OUTBOX_METRICS=value):
+        (error,) = outbox_check_errors()
+    assert error.id == "outbox.E018"
+    assert f"OUTBOX_METRICS = {value!r} {problem}" in error.msg
+    assert "'prometheus', 'statsd', 'opentelemetry'" in error.hint
+
+
+def test_a_metrics_value_of_the_wrong_type_is_only_E011():
+    with override_settings(OUTBOX_METRICS=1):
+        assert [error.id for error in outbox_check_errors()] == ["outbox.E011"]
+
+
+@pytest.mark.parametrize("value", ["prometheus", 1])
+def test_the_app_starts_without_metrics_when_they_cannot_be_installed(
+    value, without_prometheus_client, caplog
+):
+    # ready() raised before, so every manage.py command died before its checks ran.
+    with override_settings(OUTBOX_METRICS=value), caplog.at_level(logging.ERROR, "outbox.metrics"):
+        apps.get_app_config("outbox").ready()
+    assert outbox.metrics.installed() is None
+    assert "Outbox metrics are off: OUTBOX_METRICS" in caplog.text
 
 
 def test_install_connects_once_and_uninstall_disconnects():

@@ -1,6 +1,7 @@
 """Typed settings (outbox.conf) and their system checks (outbox.E010 ... outbox.E017)."""
 
 import math
+from pathlib import Path
 
 import django
 import pytest
@@ -140,6 +141,16 @@ def test_unknown_name_is_E010_with_the_closest_name():
     assert [error.id for error in errors] == ["outbox.E010"]
     assert "OUTBOX_BACH_SHARDS" in errors[0].msg
     assert "Did you mean OUTBOX_BATCH_SHARDS?" in errors[0].hint
+
+
+def test_unknown_name_hint_points_at_the_settings_reference():
+    # It said "the README lists every OUTBOX_* setting", which the README does not.
+    with override_settings(OUTBOX_FLUSHH=False):
+        (error,) = check_settings()
+    assert error.hint.startswith("Did you mean OUTBOX_FLUSH? ")
+    assert "settings reference (docs/reference/settings.md)" in error.hint
+    assert "README" not in error.hint
+    assert (Path(__file__).parent.parent / "docs" / "reference" / "settings.md").is_file()
 
 
 def test_unknown_name_without_a_close_one_is_E010_without_a_guess():

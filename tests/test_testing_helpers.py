@@ -8,10 +8,12 @@ import logging
 from datetime import timedelta
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.utils import timezone
 
 from outbox import PermanentFailure, outbox_context
+from outbox.engine import Drainer
 from outbox.exceptions import DrainInTransaction, FlushInOpenTransaction
 from outbox.models import ControlOutbox, RegionOutbox
 from outbox.signals import process_region_outbox
@@ -143,6 +145,20 @@ def test_without_eager_delivery_the_flush_raises_a_clear_error(flushed, calls):
     assert "transaction=True" in str(raised.value)
     assert calls.calls == []
     assert RegionOutbox.objects.count() == 1
+
+
+def test_a_drain_in_the_test_transaction_names_the_ways_out(calls):
+    with outbox_context(flush=False):
+        RegionOutboxFactory(payload={"v": 1})
+    with pytest.raises(CommandError, match="inside an open transaction") as raised:
+        call_command("drain_outboxes")
+    with pytest.raises(DrainInTransaction) as raised_by_the_engine:
+        Drainer(RegionOutbox).drain()
+    for message in (str(raised.value), str(raised_by_the_engine.value)):
+        assert "outbox.testing.deliver_pending()" in message
+        assert "OutboxTestMixin" in message and "transaction=True" in message
+    assert deliver_pending() == 1  # the first way out works here
+    assert calls.payloads() == [{"v": 1}]
 
 
 def test_eager_delivery_is_off_again_after_its_block(flushed, calls):

@@ -288,10 +288,7 @@ class Drainer:
 
     def _refuse_open_transaction(self) -> None:
         if connections[self.using].in_atomic_block:
-            raise DrainInTransaction(
-                f"Refusing to drain {self.model._meta.label} inside an open transaction on "
-                f"{self.using!r}: leases must commit on their own. Drain after commit."
-            )
+            raise DrainInTransaction.refusing(self.model._meta.label, self.using)
 
     def _new_lease(self) -> Lease:
         return Lease(uuid.uuid4().hex, self.holder, outbox_settings.LEASE_SECONDS)

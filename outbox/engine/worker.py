@@ -181,10 +181,7 @@ class DrainWorker:
         for model in self.models or outbox_models():
             alias = self.using or router.db_for_write(model)
             if connections[alias].in_atomic_block:
-                raise DrainInTransaction(
-                    f"Refusing to drain {model._meta.label} inside an open transaction on "
-                    f"{alias!r}: leases must commit on their own. Drain after commit."
-                )
+                raise DrainInTransaction.refusing(model._meta.label, alias)
 
     def _wait(self, thread: threading.Thread, deadline: float | None) -> DrainOutcome:
         outcome = DrainOutcome()

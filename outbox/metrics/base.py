@@ -7,9 +7,9 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from outbox.conf import outbox_settings
-from outbox.exceptions import OutboxConfigurationError
+from outbox.exceptions import MetricsUnavailable
 
-__all__ = ["ADAPTERS", "Metrics", "build_metrics", "table_label"]
+__all__ = ["ADAPTERS", "Metrics", "build_metrics", "metrics_class", "table_label"]
 
 ADAPTERS = {
     "prometheus": "outbox.metrics.prometheus.PrometheusMetrics",
@@ -70,23 +70,40 @@ class Metrics:
 
 def build_metrics() -> Metrics | None:
     """The adapter `OUTBOX_METRICS` chooses, freshly built; None when it is unset."""
+    adapter = metrics_class()
+    return adapter() if adapter is not None else None
+
+
+def metrics_class() -> type[Metrics] | None:
+    """The adapter class `OUTBOX_METRICS` chooses, imported; None when it is unset.
+
+    Raises MetricsUnavailable when it cannot be imported (its library is not installed)
+    or is no Metrics subclass."""
     choice = outbox_settings.METRICS
     if not choice:
         return None
     try:
         adapter = import_string(ADAPTERS.get(choice, choice))
     except ImportError as error:
-        raise OutboxConfigurationError(
-            f"OUTBOX_METRICS = {choice!r} cannot be loaded ({error}). Use one of "
-            f"{', '.join(map(repr, ADAPTERS))} with its library installed "
-            "(e.g. pip install 'django-outboxes[prometheus]'), or the dotted path of a "
-            "Metrics subclass."
+        raise MetricsUnavailable(
+            f"OUTBOX_METRICS = {choice!r} cannot be loaded ({error}).", _fix(choice)
         ) from error
     if not (isinstance(adapter, type) and issubclass(adapter, Metrics)):
-        raise OutboxConfigurationError(
-            f"OUTBOX_METRICS = {choice!r} is not a subclass of outbox.metrics.Metrics."
+        raise MetricsUnavailable(
+            f"OUTBOX_METRICS = {choice!r} is not a subclass of outbox.metrics.Metrics.",
+            _fix(choice),
         )
-    return adapter()
+    return adapter
+
+
+def _fix(choice: str) -> str:
+    if choice in ADAPTERS:
+        return f"Install its library: pip install 'django-outboxes[{choice}]'."
+    return (
+        f"Use one of {', '.join(map(repr, ADAPTERS))} with its library installed (e.g. "
+        "pip install 'django-outboxes[prometheus]'), or the dotted path of a Metrics "
+        "subclass."
+    )
 
 
 def table_label(model: type[Any]) -> str:
