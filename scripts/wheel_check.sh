@@ -49,6 +49,10 @@ fi
 step "build the sdist, then the wheel from the sdist"
 .venv/bin/python -m build --outdir "$work/dist" "$work/src" >"$work/build.log" 2>&1 \
   || { tail -n 40 "$work/build.log"; fail "python -m build"; }
+# A packaging rule that matches nothing (a folder gone, a pattern misspelt) only warns.
+if grep -i "warning: no \(previously-included \)\?files found matching" "$work/build.log"; then
+  fail "python -m build warned about a MANIFEST.in or package-data rule that matches nothing"
+fi
 sdist=$(ls "$work"/dist/*.tar.gz)
 wheel=$(ls "$work"/dist/*.whl)
 echo "built $(basename "$sdist") and $(basename "$wheel")"
@@ -77,10 +81,10 @@ fi
 grep -qE '^django_outboxes-[^/]+\.dist-info/licenses/LICENSE$' "$work/wheel.txt" \
   || fail "wheel lacks the LICENSE in its dist-info"
 grep -q '^outbox/tests\|^tests/' "$work/wheel.txt" && fail "wheel ships the tests"
-expect sdist LICENSE CHANGELOG.md README.md ARCHITECTURE.md pyproject.toml outbox/py.typed \
+expect sdist LICENSE CHANGELOG.md README.md CONTRIBUTING.md ARCHITECTURE.md pyproject.toml outbox/py.typed \
   "${migrations[@]}"
 echo "wheel: $(wc -l <"$work/wheel.txt") files, ${#migrations[@]} migration modules, py.typed, LICENSE"
-echo "sdist: LICENSE, CHANGELOG.md, README.md, ARCHITECTURE.md, migrations, py.typed"
+echo "sdist: LICENSE, CHANGELOG.md, README.md, CONTRIBUTING.md, ARCHITECTURE.md, migrations, py.typed"
 
 step "fresh virtualenv with only the wheel and its [postgres,example] extras"
 python3 -m venv "$work/venv"
