@@ -12,7 +12,7 @@ from django.db import transaction
 from outbox import outbox_context
 from outbox.engine import drain_outboxes
 from outbox.models import RegionOutbox, ShardLease
-from outbox.signals import process_region_outbox
+from outbox.signals import message_processed, process_region_outbox
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
 from tests.testapp.categories import Category
@@ -216,3 +216,25 @@ def test_awaited_shards_carved_out_of_their_window_start_no_slot_threads(
     stats = drain_outboxes([RegionOutbox])
     assert stats.rows_retired == 15 and len(seen_slots) == 15
     assert max(seen_slots) <= 2
+
+
+def test_lifecycle_receivers_of_awaited_shards_may_query_the_database(
+    calls, settings, async_receiver, async_only
+):
+    """Django refuses ORM queries in a thread running an event loop: the lifecycle
+    signals of shards awaited on the loop are sent from a thread beside it."""
+    settings.OUTBOX_CONCURRENCY = 4
+    seen = []
+
+    def processed(sender, shard, **kwargs):
+        seen.append((shard.shard_identifier, RegionOutbox.objects.count() >= 0))
+
+    async_receiver(AsyncCalls(seconds=0.01))
+    message_processed.connect(processed, sender=RegionOutbox, weak=False)
+    try:
+        write(3)
+        stats = drain_outboxes([RegionOutbox])
+    finally:
+        message_processed.disconnect(processed, sender=RegionOutbox)
+    assert stats.rows_retired == 3
+    assert sorted(seen) == [(0, True), (1, True), (2, True)]

@@ -19,21 +19,25 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
 from django.db import connections
 
 from outbox.conf import outbox_settings
 
+_T = TypeVar("_T")
 _current = threading.local()  # .loop: the EventLoop of the drain this thread serves
 
 
 class EventLoop:
-    """An event loop running on a daemon thread until `close()`."""
+    """An event loop running on a daemon thread until `close()`, and one thread beside it
+    for the sync work of its coroutines (`in_sync_thread`)."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.sync_thread = concurrent.futures.ThreadPoolExecutor(1, "outbox-event-loop-sync")
+        _sync_threads[self.loop] = self.sync_thread
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="outbox-event-loop", daemon=True
         )
@@ -51,11 +55,27 @@ class EventLoop:
             ) from None
 
     def close(self) -> None:
-        # The loop's own thread may have opened connections (a lease confirmed there).
-        self.loop.call_soon_threadsafe(connections.close_all)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
+        self.sync_thread.submit(connections.close_all).result()  # that thread's own
+        self.sync_thread.shutdown()
+        _sync_threads.pop(self.loop, None)
+
+
+# Each drain loop's thread for sync work, by loop.
+_sync_threads: dict[asyncio.AbstractEventLoop, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+async def in_sync_thread(function: Callable[[], _T]) -> _T:
+    """Run `function` on the sync thread beside the running drain loop, and await it.
+
+    Django refuses ORM queries in a thread that runs an event loop
+    (SynchronousOnlyOperation), and a coroutine must not block its loop: the lease
+    confirmations, failures and lifecycle signals of shards awaited on the loop run there.
+    """
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_sync_threads.get(loop), function)
 
 
 class LazyEventLoop:

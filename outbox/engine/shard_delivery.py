@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 
 import outbox.engine.events as events
 import outbox.engine.receivers as receivers
 from outbox.backends.base import Group, Lease, OutboxBackend, Settlement
+from outbox.engine.eventloop import in_sync_thread
 from outbox.engine.failures import judge
 from outbox.engine.leases import Holding, retrying
 from outbox.engine.rounds import Round
@@ -57,7 +59,8 @@ class ShardDeliverer:
     ) -> bool:
         """Deliver the shard's groups in order until one fails; False when stopping.
         `call` records the call running now (for the keeper, or the slots)."""
-        # The hot path of receivers that return at once: `_may_call` inlined.
+        # The hot path of receivers that return at once: the lease check and `_may_call`
+        # inlined.
         stop, holding = self.stop, self.holding
         overdue_after = holding.lease.seconds / 2  # see Holding
         for group in groups:
@@ -87,11 +90,17 @@ class ShardDeliverer:
         return True
 
     async def deliver_on_loop(self, task: ShardTask) -> None:
-        """`deliver` of an `awaitable` shard, as a coroutine on the drain's event loop."""
+        """`deliver` of an `awaitable` shard, as a coroutine on the drain's event loop;
+        what may touch the database or call other code (the lease check, a failure,
+        lifecycle signals) runs on the loop's sync thread."""
         calls = self.calls.sibling()  # its own timings, beside other coroutines
-        shard, round_, stop = task.shard, task.round, self.stop
+        shard, round_, stop, holding = task.shard, task.round, self.stop, self.holding
         for group in task.groups:
-            if stop.is_set() or not self._may_call(shard, group, round_):
+            if stop.is_set():
+                return
+            if holding.renewal_overdue(time.monotonic()):
+                await in_sync_thread(partial(self._confirm_lease, holding))
+            if not self._may_call(shard, group, round_):
                 return
             started = task.begin_call(group)
             error: Exception | None = None
@@ -102,16 +111,16 @@ class ShardDeliverer:
             finally:
                 task.end_call()
             if error is None:
-                self._delivered(group, started, round_, calls, retired_inline=False)
-            elif not self._failed_call(group, error, round_):
+                if self.report_processed:
+                    await in_sync_thread(partial(self._processed, group, started, calls))
+                self._delivered(group, round_)
+            elif not await in_sync_thread(partial(self._failed_call, group, error, round_)):
                 return
 
     def _may_call(self, shard: ShardKey, group: Group, round_: Round) -> bool:
-        """Whether the shard may go on to `group`: its lease held, the row still there."""
-        holding = self.holding
-        if time.monotonic() - holding.renewed_at >= holding.lease.seconds / 2:  # see Holding
-            self._confirm_lease(holding)  # checked inline: once per message, on the hot path
-        if shard in holding.lost:
+        """Whether the shard may go on to `group`: its lease held (as last confirmed),
+        the row still there."""
+        if shard in self.holding.lost:
             round_.lost.add(shard)
             return False
         return group.message is not None  # None: removed by an operator meanwhile
@@ -142,7 +151,7 @@ class ShardDeliverer:
             call.end_call()  # before the round changes: see ShardTask.end_call
         if error is not None:
             return self._failed_call(group, error, round_)
-        # `_delivered`, inlined on the hot path.
+        # `_delivered`, inlined on the hot path (a transactional delivery retired its rows).
         round_.receiver_calls += 1
         round_.groups_delivered += 1
         if not retired_inline:
@@ -151,20 +160,11 @@ class ShardDeliverer:
             self._processed(group, started, self.calls)
         return True
 
-    def _delivered(
-        self,
-        group: Group,
-        started: float,
-        round_: Round,
-        calls: receivers.ReceiverCalls,
-        retired_inline: bool,
-    ) -> None:
+    @staticmethod
+    def _delivered(group: Group, round_: Round) -> None:
         round_.receiver_calls += 1
         round_.groups_delivered += 1
-        if not retired_inline:
-            round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
-        if self.report_processed:
-            self._processed(group, started, calls)
+        round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
 
     def _processed(self, group: Group, started: float, calls: receivers.ReceiverCalls) -> None:
         timings = dict(calls.timings or ())
