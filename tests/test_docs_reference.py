@@ -1,11 +1,14 @@
-"""The reference pages match the code: the settings table committed in the Markdown, and
-what the docs site generates when it is built (scripts/docs.sh)."""
+"""The reference pages match the code: the settings table and the management commands' usage
+and options, committed in the Markdown as `python -m docs._ext.outbox_reference` generates
+them, and the system check ids."""
 
 import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+from django.core.management import load_command_class
+from django.core.management.base import BaseCommand
 
 from outbox.conf import SETTINGS
 
@@ -42,9 +45,11 @@ def test_the_settings_page_holds_the_generated_table():
         assert f"| `{name}` |" in page, name
 
 
+COMMANDS_PAGE = DOCS / "reference" / "commands.md"
+
+
 def _documented_commands():
-    page = (DOCS / "reference" / "commands.md").read_text()
-    return re.findall(r"```\{outbox-command\} (\w+)", page)
+    return reference.documented_commands(COMMANDS_PAGE.read_text())
 
 
 def test_every_management_command_is_documented():
@@ -52,11 +57,52 @@ def test_every_management_command_is_documented():
     assert sorted(_documented_commands()) == commands
 
 
+def test_the_commands_page_holds_the_generated_reference():
+    page = COMMANDS_PAGE.read_text()
+    assert page == reference.with_command_references(page), (
+        "docs/reference/commands.md is stale: run python -m docs._ext.outbox_reference"
+    )
+    for name in _documented_commands():
+        assert reference.command_reference(name) in page, name
+
+
+def test_a_stale_commands_reference_is_told_apart():
+    page = COMMANDS_PAGE.read_text()
+    stale = page.replace("| `--database DATABASE` |", "| `--db DATABASE` |", 1)
+    assert stale != page
+    assert reference.with_command_references(stale) == page
+
+
+def _options(parser):
+    return {option for action in parser._actions for option in action.option_strings}
+
+
 @pytest.mark.parametrize("name", _documented_commands())
-def test_the_commands_help_is_generated_from_its_parser(name):
-    text = reference.command_help(name)
-    assert text.startswith(f"usage: manage.py {name}")
+def test_the_commands_reference_is_generated_from_its_parser(name):
+    text = reference.command_reference(name)
+    assert text.startswith(f"```text\nusage: manage.py {name}")
     assert "--database" in text
+    # Every option the command adds is in its table; Django's common ones are left out.
+    parser = load_command_class("outbox", name).create_parser("manage.py", name)
+    common = _options(BaseCommand().create_parser("manage.py", name))
+    table = text.partition("| Argument | Meaning |")[2]
+    assert set(re.findall(r"^\| `(-[\w-]+)", table, re.MULTILINE)) == _options(parser) - common
+    assert "--verbosity" not in text and "--help" not in text
+
+
+@pytest.mark.parametrize("columns", ["40", "200"])
+def test_the_commands_reference_does_not_depend_on_the_terminal_width(monkeypatch, columns):
+    expected = reference.command_reference("drain_outboxes")
+    monkeypatch.setenv("COLUMNS", columns)
+    assert reference.command_reference("drain_outboxes") == expected
+
+
+def test_no_page_uses_an_outbox_directive():
+    # The pages hold generated Markdown instead: a directive would render as an empty
+    # block on GitHub.
+    pages = [path for path in DOCS.rglob("*.md") if "_build" not in path.parts]
+    assert pages
+    assert [str(path.relative_to(DOCS)) for path in pages if "{outbox-" in path.read_text()] == []
 
 
 def test_every_system_check_id_is_documented():

@@ -1,6 +1,6 @@
-"""The code blocks of docs/tutorial.md equal the files of the tested tutorial project.
+"""The code blocks of the docs copied from the tested tutorial project equal its files.
 
-The page holds plain fenced blocks, so it reads on GitHub as on the docs site; a block
+The pages hold plain fenced blocks, so they read on GitHub as on the docs site; a block
 copied from docs/tutorial_project/ sits right after an HTML comment naming its source,
 invisible once rendered:
 
@@ -18,12 +18,17 @@ import pytest
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGE = (DOCS / "tutorial.md").read_text()
+PAGES = {
+    str(path.relative_to(DOCS)): path.read_text()
+    for path in sorted(DOCS.rglob("*.md"))
+    if "_build" not in path.parts
+}
 COPIED_BLOCK = re.compile(
     r"^<!-- from: (?P<path>\S+)(?: \[(?P<section>[\w-]+)\])? -->\n"
     r"```\w*\n(?P<code>.*?)^```$",
     re.MULTILINE | re.DOTALL,
 )
-BLOCKS = list(COPIED_BLOCK.finditer(PAGE))
+BLOCKS = [(name, block) for name, text in PAGES.items() for block in COPIED_BLOCK.finditer(text)]
 
 
 def source(path, section):
@@ -36,16 +41,18 @@ def source(path, section):
 
 
 def test_every_marker_is_followed_by_its_block():
-    assert len(BLOCKS) == PAGE.count("<!-- from: ") > 0
-    assert "{literalinclude}" not in PAGE  # an empty directive on GitHub
+    assert PAGE.count("<!-- from: ") > 0
+    assert len(BLOCKS) == sum(text.count("<!-- from: ") for text in PAGES.values())
+    for name, text in PAGES.items():
+        assert "{literalinclude}" not in text, f"docs/{name}: an empty directive on GitHub"
 
 
 @pytest.mark.parametrize(
-    "block",
+    ("page", "block"),
     BLOCKS,
-    ids=[" ".join(filter(None, block.group("path", "section"))) for block in BLOCKS],
+    ids=[" ".join(filter(None, (page, *block.group("path", "section")))) for page, block in BLOCKS],
 )
-def test_the_block_equals_its_source(block):
+def test_the_block_equals_its_source(page, block):
     assert block["code"] == source(block["path"], block["section"]), (
-        f"docs/tutorial.md: copy {block['path']} {block['section'] or ''} into its block again"
+        f"docs/{page}: copy {block['path']} {block['section'] or ''} into its block again"
     )
