@@ -184,8 +184,7 @@ class _Route:
             finally:
                 if timings is not None:
                     timings.append((receiver_id(receiver), time.perf_counter() - started))
-        if errors:
-            raise DeliveryFailed(errors, [*done, *map(receiver_id, succeeded)])
+        _raise_failed(errors, done, succeeded)
 
     async def asend(
         self, kwargs: dict[str, Any], done: frozenset[str], timings: list[tuple[str, float]] | None
@@ -207,8 +206,15 @@ class _Route:
             finally:
                 if timings is not None:
                     timings.append((receiver_id(receiver), time.perf_counter() - started))
-        if errors:
-            raise DeliveryFailed(errors, [*done, *map(receiver_id, succeeded)])
+        _raise_failed(errors, done, succeeded)
+
+
+def _raise_failed(
+    errors: list[tuple[str, Exception]], done: frozenset[str], succeeded: list[Callable[..., Any]]
+) -> None:
+    """Raise DeliveryFailed if any receiver raised, naming every receiver done for the row."""
+    if errors:
+        raise DeliveryFailed(errors, [*done, *map(receiver_id, succeeded)])
 
 
 async def _awaited(receiver: Callable[..., Any], kwargs: dict[str, Any]) -> None:

@@ -80,7 +80,7 @@ class WindowRun:
             if awaitable is not None and awaitable(task.groups):
                 self._await(task, deliver)
                 continue
-            self._deliver(deliver, task, task.shard, task.groups)
+            self._deliver(deliver, task)
             self._finish(task)
 
     def _take(self) -> ShardTask | None:
@@ -192,11 +192,9 @@ class WindowRun:
         self.running.append(task)
 
     @staticmethod
-    def _deliver(
-        deliver: ShardDeliverer, task: ShardTask, shard: ShardKey, groups: list[Group]
-    ) -> None:
+    def _deliver(deliver: ShardDeliverer, task: ShardTask) -> None:
         try:
-            deliver.deliver(shard, groups, task.round, task)
+            deliver.deliver(task.shard, task.groups, task.round, task)
         except Abandoned:
             raise  # the drain has settled this shard already; the slot ends
         except BaseException as exc:
