@@ -21,12 +21,14 @@ class OutboxConfig(AppConfig):
         from outbox.backends.postgres_notify import sync_triggers_after_migrate
         from outbox.backends.select import commit_with_last_insert
         from outbox.engine.drain import flush_shards
+        from outbox.engine.eager import deliver_eagerly
         from outbox.writes import path
         from outbox.writes.hooks import hooks
 
         path.install()
         hooks.flush = flush_shards
         hooks.commit_with_last_insert = commit_with_last_insert
+        hooks.flush_in_test_transaction = deliver_eagerly
         _install_metrics()
         # After every migrate: the NOTIFY trigger on each outbox table (PostgreSQL).
         post_migrate.connect(

@@ -60,8 +60,11 @@ class FlushInOpenTransaction(DrainInTransaction):
 
     In production on_commit callbacks run after the outermost commit, so this only
     happens under test machinery that runs them early, such as
-    `TestCase.captureOnCommitCallbacks(execute=True)`: nothing was delivered. Raised
-    whatever OUTBOX_FLUSH_STRICT says, so such a test cannot pass silently.
+    `TestCase.captureOnCommitCallbacks(execute=True)`. Where only TestCase's own
+    transactions are open the flush delivers inside them instead; this is raised inside
+    a transaction the test opened itself, where nothing would have committed yet:
+    nothing was delivered. Raised whatever OUTBOX_FLUSH_STRICT says, so such a test
+    cannot pass silently.
     """
 
 

@@ -1,7 +1,9 @@
 """outbox.testing with pytest: the `outbox_messages` and `outbox_eager` fixtures.
 
 The tests run in pytest-django's test transaction (never committed); under
-`django_capture_on_commit_callbacks(execute=True)` the flush runs inside it.
+`django_capture_on_commit_callbacks(execute=True)` the flush runs inside it and delivers
+there, with or without `outbox_eager`; inside a transaction the test opened itself, only
+with it.
 """
 
 import logging
@@ -138,13 +140,37 @@ def test_raise_errors_raises_the_receivers_error(flushed, calls):
     assert RegionOutbox.objects.get().attempts == 1
 
 
-def test_without_eager_delivery_the_flush_raises_a_clear_error(flushed, calls):
-    with pytest.raises(FlushInOpenTransaction, match="outbox_eager") as raised:
+def test_the_capture_delivers_without_the_fixture(flushed, calls):
+    """pytest-django's test transaction is TestCase's: its capture delivers there."""
+    flushed(
+        {"object_identifier": 1, "payload": {"v": "old"}},
+        {"object_identifier": 1, "payload": {"v": "new"}},
+    )
+    flushed({"payload": {"v": "c"}}, factory=ControlOutboxFactory)
+    assert calls.payloads() == [{"v": "new"}, {"v": "c"}]
+    assert not RegionOutbox.objects.exists()
+    assert not ControlOutbox.objects.exists()
+
+
+def test_inside_the_tests_own_transaction_the_flush_raises_a_clear_error(flushed, calls):
+    with (
+        pytest.raises(FlushInOpenTransaction, match="outbox_eager") as raised,
+        transaction.atomic(),
+    ):
         flushed({"payload": {"v": 1}})
     assert isinstance(raised.value, DrainInTransaction)
+    assert "End the capture outside that block" in str(raised.value)
     assert "transaction=True" in str(raised.value)
     assert calls.calls == []
-    assert RegionOutbox.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "control"])
+def test_a_flush_run_early_in_a_real_transaction_raises_a_clear_error(flushed, calls):
+    """No TestCase transaction at all: the test's own atomic block is a real one."""
+    with pytest.raises(FlushInOpenTransaction, match="TransactionTestCase"), transaction.atomic():
+        flushed({"payload": {"v": 1}})
+    assert calls.calls == []
+    assert not RegionOutbox.objects.exists()  # rolled back with the error
 
 
 def test_a_drain_in_the_test_transaction_names_the_ways_out(calls):
@@ -162,9 +188,9 @@ def test_a_drain_in_the_test_transaction_names_the_ways_out(calls):
 
 
 def test_eager_delivery_is_off_again_after_its_block(flushed, calls):
-    with eager_delivery():
-        flushed({"payload": {"v": 1}})
-    with pytest.raises(FlushInOpenTransaction):
+    with eager_delivery(), transaction.atomic():
+        flushed({"payload": {"v": 1}})  # delivered inside the test's own transaction
+    with pytest.raises(FlushInOpenTransaction), transaction.atomic():
         flushed({"payload": {"v": 2}})
     assert calls.payloads() == [{"v": 1}]
 

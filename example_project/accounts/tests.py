@@ -1,8 +1,9 @@
 """The example's receivers, tested with outbox.testing in plain Django TestCases.
 
-A TestCase never commits: `OutboxTestMixin` delivers a flush inside the test's
-transaction (under `captureOnCommitCallbacks(execute=True)`) and plays the drain with
-`deliverOutboxPending()`, so these tests see what the receivers wrote.
+A TestCase never commits: under `captureOnCommitCallbacks(execute=True)` a flush
+delivers inside the test's transaction, and `OutboxTestMixin` adds assertions on what
+was sent and plays the drain with `deliverOutboxPending()`, so these tests see what the
+receivers wrote.
 
     python example_project/manage.py test accounts
 """

@@ -1,8 +1,10 @@
 """Helpers for testing code that writes outbox messages, with unittest or pytest.
 
 - `capture_outbox_messages()`: record the messages saved in a block, and assert on them.
-- `eager_delivery()`: deliver synchronous flushes inside a test's open transaction
-  (`TestCase.captureOnCommitCallbacks(execute=True)`), instead of refusing.
+- `eager_delivery()`: deliver synchronous flushes run early
+  (`TestCase.captureOnCommitCallbacks(execute=True)`) inside any open transaction, one
+  the test opened itself too, instead of refusing; within TestCase's own transaction
+  they deliver without it.
 - `deliver_pending()`: deliver the rows left to the drain, now, in the test.
 - `OutboxTestMixin`: both, for `django.test.TestCase`.
 - The pytest plugin `outbox.testing.pytest_plugin`: fixtures `outbox_messages` and
@@ -18,12 +20,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from outbox.engine.eager import deliver_eagerly
     from outbox.testing.capture import (
         CapturedMessage,
         CapturedMessages,
         capture_outbox_messages,
     )
-    from outbox.testing.eager import deliver_eagerly, deliver_pending, eager_delivery
+    from outbox.testing.eager import deliver_pending, eager_delivery
     from outbox.testing.mixins import OutboxTestMixin
 
 __all__ = [

@@ -1,49 +1,34 @@
-"""Eager delivery: the synchronous flush, run inside a test's open transaction.
+"""Eager delivery for tests, on top of the engine's `outbox.engine.eager`.
 
-A `django.test.TestCase` never commits, so a flush never runs; under
-`captureOnCommitCallbacks(execute=True)` it runs with the transaction still open, where
-the engine refuses to claim leases. `eager_delivery()` has such a flush deliver in the
-test's transaction instead: it reads the pending rows of the written shards, coalesces
-them per group as the engine does (shard + category + object_identifier, newest
-payload), stops a shard at its bound and at its first row that is not due, calls the
-receivers through the engine's own delivery (so several receivers, transactional
-receivers, RetryLater and PermanentFailure behave as in production) and deletes the
-delivered rows. No leases: nothing else can see the test's transaction.
-
-A failing receiver is handled as the engine handles it (logged, `delivery_failed`
-sent, the attempt recorded on its rows, which are rescheduled or dead-lettered, and its
-shard stops there); with `raise_errors=True` the error is raised out of the flush too.
+A flush that `TestCase.captureOnCommitCallbacks(execute=True)` runs inside the test's
+own transaction already delivers there (the app installs that hook). `eager_delivery()`
+widens it: within its block a flush delivers inside any open transaction, one the test
+opened itself too, and `raise_errors=True` raises a receiver's error out of the flush.
+`deliver_pending()` plays the drain for rows left to it.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
 
 from django.db import router
-from django.db.models import Case, DateTimeField, F, When
-from django.db.models.functions import Coalesce, Now
 
-import outbox.engine.events as events
-import outbox.engine.receivers as receivers
-from outbox.backends.base import FailedGroup, Group
-from outbox.backends.portable import PortableBackend, db_now_plus
-from outbox.conf import outbox_settings
-from outbox.engine.failures import judge
-from outbox.engine.rounds import cut_at_bounds
+from outbox.engine.eager import deliver_eagerly
 from outbox.models import OutboxBase, outbox_models
 from outbox.shards import ShardKey
 from outbox.writes.hooks import in_transaction_flush
 
+__all__ = ["deliver_eagerly", "deliver_pending", "eager_delivery"]
+
 
 @contextmanager
 def eager_delivery(*, raise_errors: bool = False) -> Iterator[None]:
-    """Within this block, a flush run inside the open test transaction (by
-    `captureOnCommitCallbacks(execute=True)`) delivers there instead of raising
-    FlushInOpenTransaction. `raise_errors=True` also raises a receiver's error out of
-    the flush, after recording it as the engine would."""
+    """Within this block, a flush run inside an open transaction (by
+    `captureOnCommitCallbacks(execute=True)`) delivers there, even inside a transaction
+    the test opened itself, instead of raising FlushInOpenTransaction.
+    `raise_errors=True` also raises a receiver's error out of the flush, after
+    recording it as the engine would."""
 
     def flush(using: str, bounds: Mapping[type[OutboxBase], Mapping[ShardKey, int | None]]) -> int:
         return deliver_eagerly(using, bounds, raise_errors=raise_errors)
@@ -53,20 +38,6 @@ def eager_delivery(*, raise_errors: bool = False) -> Iterator[None]:
         yield
     finally:
         in_transaction_flush.reset(token)
-
-
-def deliver_eagerly(
-    using: str,
-    bounds: Mapping[type[OutboxBase], Mapping[ShardKey, int | None]],
-    *,
-    raise_errors: bool = False,
-) -> int:
-    """Deliver the shards in `bounds` up to their bounds (None: to the end) inside the
-    current transaction; returns the groups delivered (one receiver call each)."""
-    delivered = 0
-    for model, shard_bounds in bounds.items():
-        delivered += _EagerTable(model, using, raise_errors).deliver(shard_bounds)
-    return delivered
 
 
 def deliver_pending(using: str | None = None, *, raise_errors: bool = False) -> int:
@@ -83,87 +54,3 @@ def deliver_pending(using: str | None = None, *, raise_errors: bool = False) -> 
         bounds = {model: dict.fromkeys(sorted(shards))}
         delivered += deliver_eagerly(database, bounds, raise_errors=raise_errors)
     return delivered
-
-
-class _EagerTable:
-    """One table's eager flush: read, deliver, delete, window by window."""
-
-    def __init__(self, model: type[OutboxBase], using: str, raise_errors: bool) -> None:
-        self.model = model
-        self.using = using
-        self.raise_errors = raise_errors
-        # The portable read on every database: its due check is the ORM's Now(), the
-        # statement's time, while the PostgreSQL fast path's now() is the start of the
-        # transaction, long past in a test, so rows written since would not be due.
-        self.backend = PortableBackend(using)
-
-    def deliver(self, bounds: Mapping[ShardKey, int | None]) -> int:
-        delivered = 0
-        active = list(bounds)
-        while active:
-            window = self.backend.read_window(self.model, active, outbox_settings.BATCH_ROWS)
-            reached = cut_at_bounds(window, bounds)
-            stopped = set()
-            for shard, groups in window.shards.items():
-                for group in groups:
-                    if not self._deliver_group(group):
-                        stopped.add(shard)
-                        break
-                    delivered += 1
-            finished = {key for key in active if key not in window.incomplete} | reached | stopped
-            active = [key for key in active if key not in finished]
-        return delivered
-
-    def _deliver_group(self, group: Group) -> bool:
-        """Deliver one group; False when its shard must stop here."""
-        if group.message is None:
-            return False
-        started = time.monotonic()
-        try:
-            retired = receivers.send(self.model, group, lambda: self._retire(group), self.using)
-        except Exception as exc:
-            return self._failed(group, exc)
-        if not retired:
-            self._retire(group)
-        events.processed(self.model, group, time.monotonic() - started, self.using)
-        return True
-
-    def _retire(self, group: Group) -> bool:
-        self._rows(group.row_ids).delete()
-        return True
-
-    def _failed(self, group: Group, exc: Exception) -> bool:
-        """Record the failure as the engine would; True when the shard goes on (the
-        group became a dead letter)."""
-        failed, dead = judge(self.model, group, exc, self.using)
-        self._record_attempt(failed, dead)
-        if self.raise_errors:
-            errors = exc.errors if isinstance(exc, receivers.DeliveryFailed) else []
-            # One failing receiver: its own error, as the test wrote it.
-            raise errors[0][1] if len(errors) == 1 else exc
-        return dead
-
-    def _record_attempt(self, failed: FailedGroup, dead: bool) -> None:
-        changes: dict[str, Any] = {"dead_at": Now()}
-        if not dead:
-            retry_at = [
-                When(id=row_id, then=db_now_plus(delay))
-                for row_id, delay in failed.row_delays.items()
-            ]
-            changes = {
-                "scheduled_from": Now(),
-                "scheduled_for": Case(*retry_at, output_field=DateTimeField()),
-            }
-        self._rows(list(failed.row_delays)).update(
-            attempts=F("attempts") + 1,
-            first_attempt_at=Coalesce(F("first_attempt_at"), Now()),
-            last_attempt_at=Now(),
-            last_error=failed.error,
-            last_traceback=failed.traceback,
-            **changes,
-        )
-        if failed.delivered_to:
-            self._rows([max(failed.row_delays)]).update(delivered_to=failed.delivered_to)
-
-    def _rows(self, row_ids: list[int]) -> Any:
-        return self.model._default_manager.using(self.using).filter(id__in=row_ids)

@@ -12,13 +12,15 @@ from outbox.testing.eager import deliver_pending, eager_delivery
 class OutboxTestMixin:
     """Mix into a `django.test.TestCase` (before it): every test then captures the outbox
     messages it saves (`self.outbox_messages`) and, when `outbox_eager_delivery` is
-    True (the default), delivers flushes inside the test transaction, so
+    True (the default), runs under `eager_delivery()`: a flush that
 
         with self.captureOnCommitCallbacks(execute=True):
             with outbox_context(transaction.atomic()):
                 ...
 
-    runs the receivers. Set `outbox_raise_errors = True` to raise receiver errors.
+    runs delivers inside the test's transaction (as it does without the mixin), even
+    where the test opened a transaction of its own around the capture. Set
+    `outbox_raise_errors = True` to raise receiver errors.
     """
 
     outbox_eager_delivery = True

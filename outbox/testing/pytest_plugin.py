@@ -4,15 +4,16 @@ Fixtures:
 
 - `outbox_messages`: the outbox messages the test saves (`CapturedMessages`), with
   `assert_sent`, `assert_sent_once`, `assert_not_sent` and `assert_nothing_sent`.
-- `outbox_eager`: flushes run inside the test transaction deliver there (see
-  `outbox.testing.eager_delivery`), so that, with pytest-django,
+- `outbox_eager`: flushes run inside any open transaction deliver there (see
+  `outbox.testing.eager_delivery`). With pytest-django,
 
-      def test_sync(db, outbox_eager, django_capture_on_commit_callbacks):
+      def test_sync(db, django_capture_on_commit_callbacks):
           with django_capture_on_commit_callbacks(execute=True):
               with outbox_context(transaction.atomic()):
                   ...
 
-  runs the receivers.
+  runs the receivers without it; it is needed only where the test opens a transaction
+  of its own around the capture.
 
 pytest loads this module before pytest-django sets Django up, so it imports the
 helpers (and through them the models) only when a fixture runs.
@@ -40,7 +41,7 @@ def outbox_messages() -> Iterator[CapturedMessages]:
 
 @pytest.fixture
 def outbox_eager() -> Iterator[None]:
-    """Deliver synchronous flushes inside the test transaction."""
+    """Deliver synchronous flushes inside any open transaction of the test."""
     from outbox.testing.eager import eager_delivery
 
     with eager_delivery():

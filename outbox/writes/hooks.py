@@ -5,10 +5,13 @@
 - `commit_with_last_insert(using)`: an execute wrapper that sends the COMMIT in the
   same round trip as the deferred writer's last INSERT, or None where the database
   cannot (a capability of the PostgreSQL backend).
+- `flush_in_test_transaction(using, bounds)`: deliver them inside the open transaction
+  when on_commit callbacks run while only `django.test.TestCase`'s own transactions
+  are open, as `captureOnCommitCallbacks(execute=True)` runs them (the engine's eager
+  delivery).
 
 `in_transaction_flush` is set only by `outbox.testing.eager_delivery()`: the flush to
-run instead of refusing when on_commit callbacks run inside the still open transaction
-(test machinery such as `TestCase.captureOnCommitCallbacks(execute=True)`).
+run inside any open transaction, instead of refusing where the test opened one itself.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ ExecuteWrapper = Callable[..., Any]
 class WriteHooks:
     flush: Callable[[str, FlushBounds], object] | None = None
     commit_with_last_insert: Callable[[str], ExecuteWrapper | None] | None = None
+    flush_in_test_transaction: Callable[[str, FlushBounds], object] | None = None
 
 
 hooks = WriteHooks()

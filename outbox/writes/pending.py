@@ -6,7 +6,10 @@ enqueues a drain task for them. After commit the rows are durable: a failing hoo
 logged, not raised into the request, unless OUTBOX_FLUSH_STRICT.
 
 A flush that finds its transaction still open was run early by test machinery
-(`TestCase.captureOnCommitCallbacks(execute=True)`): it delivers eagerly where
+(`TestCase.captureOnCommitCallbacks(execute=True)`). Where only `TestCase`'s own
+transactions are open, the code under test has left all of its own, so a real commit
+would have run the flush there: it delivers eagerly, in the test's transaction (the
+engine's hook). Inside a transaction the test opened itself it delivers only where
 `outbox.testing.eager_delivery()` asked for that, and raises FlushInOpenTransaction
 otherwise, so that a test never passes with nothing delivered.
 """
@@ -66,20 +69,34 @@ class PendingFlush:
 
     def _run_in_open_transaction(self) -> None:
         """On_commit callbacks running before the commit: only test machinery does
-        that. Deliver eagerly if the test asked for it; never pass silently."""
+        that. Deliver in the open transaction where nothing but TestCase's own
+        transactions are open, or where the test asked for it; never pass silently."""
         eager = in_transaction_flush.get()
+        if eager is None and _only_test_case_transactions(self.using):
+            eager = hooks.flush_in_test_transaction
         if eager is not None:
             eager(self.using, self.bounds)
             return
         shards = ", ".join(str(key) for keys in self.bounds.values() for key in keys)
         raise FlushInOpenTransaction(
-            f"The outbox flush of shards {shards} ran inside an open transaction on "
+            f"The outbox flush of shards {shards} ran inside a transaction still open on "
             f"{self.using!r}, so nothing was delivered: on_commit callbacks ran before "
-            "the commit, as TestCase.captureOnCommitCallbacks(execute=True) does. To "
-            "deliver inside the test transaction, use outbox.testing.eager_delivery() "
+            "its commit, as TestCase.captureOnCommitCallbacks(execute=True) does when it "
+            "ends inside a transaction.atomic() block the test opened. End the capture "
+            "outside that block (the flush then delivers inside TestCase's own "
+            "transaction), or deliver inside it with outbox.testing.eager_delivery() "
             "(pytest fixture `outbox_eager`, or OutboxTestMixin); to commit for real, "
             "use TransactionTestCase or pytest.mark.django_db(transaction=True)."
         )
+
+
+def _only_test_case_transactions(using: str) -> bool:
+    """True when every atomic block open on `using` is one that django.test.TestCase
+    opened around its class or test (Django marks them `_from_testcase`, and lets a
+    durable block open inside them for the same reason): the code under test has
+    left all of its own transactions, so outside a test it would have committed."""
+    blocks = connections[using].atomic_blocks
+    return bool(blocks) and all(getattr(block, "_from_testcase", False) for block in blocks)
 
 
 @dataclass

@@ -7,7 +7,7 @@ from shop.services import rename
 
 @pytest.mark.django_db
 def test_the_receiver_sees_the_new_name(
-    outbox_messages, outbox_eager, django_capture_on_commit_callbacks, capsys
+    outbox_messages, django_capture_on_commit_callbacks, capsys
 ):
     acme = Organization.objects.create(name="Acme")
     with django_capture_on_commit_callbacks(execute=True):

@@ -10,7 +10,8 @@ from shop.services import rename
 
 
 class RenameTests(OutboxTestMixin, TestCase):
-    """A plain Django TestCase: the mixin delivers inside the test's transaction."""
+    """A plain Django TestCase; the mixin adds assertions on what was sent and
+    deliverOutboxPending(), which plays the drain."""
 
     def test_the_receiver_sees_the_new_name(self):
         acme = Organization.objects.create(name="Acme")
