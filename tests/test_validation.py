@@ -143,7 +143,7 @@ def test_a_payload_field_with_its_own_encoder_is_checked_and_written_with_it():
                     "amount": "1.10",
                 }
                 EncodedOutbox.objects.all().delete()
-        with pytest.raises(InvalidOutboxMessage, match="not JSON-serialisable"):
+        with pytest.raises(InvalidOutboxMessage, match="not JSON-serialisable") as raised:
             EncodedOutbox(
                 shard_scope=Scope.ORGANIZATION,
                 shard_identifier=1,
@@ -151,6 +151,32 @@ def test_a_payload_field_with_its_own_encoder_is_checked_and_written_with_it():
                 object_identifier=1,
                 payload={"x": Opaque()},
             ).save()
+        assert "The encoder of EncodedOutbox.payload (DjangoJSONEncoder) cannot encode it" in (
+            str(raised.value)
+        )
     finally:
         with connection.schema_editor() as editor:
             editor.delete_model(EncodedOutbox)
+
+
+@pytest.mark.parametrize(
+    "value", [datetime.datetime(2026, 11, 21, tzinfo=datetime.UTC), decimal.Decimal("1.10")]
+)
+def test_a_value_json_lacks_names_the_encoder_option(value):
+    """A datetime or Decimal in the payload: the error says how to convert it or which
+    option encodes it (a table whose payload field has an encoder)."""
+    with pytest.raises(InvalidOutboxMessage) as raised:
+        RegionOutboxFactory(payload={"x": value})
+    message = str(raised.value)
+    assert f"Object of type {type(value).__name__} is not JSON serializable" in message
+    assert "isoformat()" in message
+    assert "payload = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)" in message
+    assert "docs/howto/custom-table.md" in message
+    assert not RegionOutbox.objects.exists()
+
+
+@pytest.mark.parametrize("payload", [{"x": float("nan")}, {(1, 2): 3}])
+def test_no_encoder_hint_where_an_encoder_would_not_help(payload):
+    with pytest.raises(InvalidOutboxMessage, match="not JSON-serialisable") as raised:
+        RegionOutboxFactory(payload=payload)
+    assert "encoder" not in str(raised.value)

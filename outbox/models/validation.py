@@ -104,6 +104,7 @@ def _check_payload(row: OutboxBase) -> str:
     except (TypeError, ValueError) as exc:
         raise InvalidOutboxMessage(
             f"payload of category {row.category} is not JSON-serialisable: {exc}"
+            f"{_encoder_hint(type(row), exc)}"
         ) from exc
     limit = outbox_settings.MAX_PAYLOAD_BYTES
     # A character is at most 4 bytes of UTF-8: short texts need no encoding to be sure.
@@ -134,6 +135,26 @@ def _payload_encoder(model: type[OutboxBase]) -> Callable[[Any], str]:
     if encoder in (json.JSONEncoder, DjangoJSONEncoder):
         return encoder(allow_nan=False).encode
     return lambda payload: encoder(allow_nan=False).encode(payload)
+
+
+def _encoder_hint(model: type[OutboxBase], exc: Exception) -> str:
+    """For a value of a type JSON lacks (a datetime, a Decimal, a UUID), the two ways
+    out: convert it, or encode the table's payloads with an encoder that knows it."""
+    if not (isinstance(exc, TypeError) and str(exc).startswith("Object of type")):
+        return ""  # NaN, a circular reference, a key JSON cannot hold: no encoder helps
+    encoder = getattr(model._meta.get_field("payload"), "encoder", None)
+    if encoder is not None:
+        return (
+            f". The encoder of {model.__name__}.payload ({encoder.__qualname__}) cannot "
+            "encode it either: convert the value to a JSON type first."
+        )
+    return (
+        ". Convert the value to a JSON type first (a datetime's isoformat(), say), or "
+        "write to an outbox table whose payload field has an encoder: a concrete "
+        "subclass of outbox.models.OutboxBase declaring "
+        "`payload = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)` "
+        "(see docs/howto/custom-table.md)."
+    )
 
 
 def _bad_escape(encoded: str) -> str | None:
