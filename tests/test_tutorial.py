@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "docs" / "tutorial_project"
 
 
-def run_tutorial(tmp_path):
+def run_tutorial(tmp_path, **extra_env):
     project = tmp_path / "tutorial_project"
     shutil.copytree(PROJECT, project, ignore=shutil.ignore_patterns("__pycache__", "*.sqlite3"))
     # `python` in the script is this interpreter, with this checkout's outbox importable.
@@ -37,6 +37,7 @@ def run_tutorial(tmp_path):
         PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
         PYTHONPATH=str(ROOT),
         PYTHONDONTWRITEBYTECODE="1",
+        **extra_env,
     )
     return subprocess.run(
         ["bash", "tutorial.sh"],
@@ -54,6 +55,62 @@ def run_tutorial(tmp_path):
 )
 def test_the_tutorial_runs_as_documented(tmp_path):
     done = run_tutorial(tmp_path)
+    assert_ran_as_documented(done)
+
+
+@pytest.mark.skipif(
+    os.environ.get("OUTBOX_TEST_DB") != "postgres",
+    reason="the page's 'On PostgreSQL': once, on the PostgreSQL leg",
+)
+def test_the_tutorial_runs_on_postgresql(tmp_path, tutorial_database):
+    """The same commands with the page's PostgreSQL DATABASES print the same; migrate
+    gave the outbox tables their NOTIFY trigger."""
+    done = run_tutorial(
+        tmp_path,
+        DJANGO_SETTINGS_MODULE="mysite.settings_postgresql",
+        **{f"TUTORIAL_DB_{key}": value for key, value in tutorial_database.items()},
+    )
+    assert_ran_as_documented(done)
+    with _postgres(tutorial_database["NAME"], tutorial_database) as connection:
+        triggers = connection.execute(
+            "SELECT tgrelid::regclass::text FROM pg_trigger WHERE tgname = 'outbox_notify'"
+        ).fetchall()
+    assert sorted(table for (table,) in triggers) == [
+        "outbox_controloutbox",
+        "outbox_regionoutbox",
+    ]
+
+
+@pytest.fixture
+def tutorial_database():
+    """A fresh database for the tutorial on the suite's PostgreSQL server, dropped after."""
+    from django.conf import settings
+
+    server = settings.DATABASES["default"]
+    config = {key: str(server[key]) for key in ("USER", "PASSWORD", "HOST", "PORT")}
+    config["NAME"] = "tutorial" + os.environ.get("OUTBOX_TEST_DB_SUFFIX", "")
+    with _postgres("postgres", config) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{config["NAME"]}"')
+        connection.execute(f'CREATE DATABASE "{config["NAME"]}"')
+    yield config
+    with _postgres("postgres", config) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{config["NAME"]}" WITH (FORCE)')
+
+
+def _postgres(name, config):
+    import psycopg
+
+    return psycopg.connect(
+        dbname=name,
+        user=config["USER"],
+        password=config["PASSWORD"],
+        host=config["HOST"],
+        port=config["PORT"],
+        autocommit=True,
+    )
+
+
+def assert_ran_as_documented(done):
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     delivered = [line for line in lines if line.startswith("organization ")]
