@@ -1,10 +1,16 @@
 """The results chart (`<stem>.png`): drain rates per shape and the engine's scale curve.
 
 Split out of `bench/report.py`, which writes it; matplotlib is optional (no chart without).
+Redraw a chart from saved results, without running the benchmark again:
+
+    python -m bench.report_chart bench/results/latest.json    # -> bench/results/latest.png
 """
 
 from __future__ import annotations
 
+import json
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +44,21 @@ def _bars(axes: Any, shapes: dict[str, Any]) -> None:
             handles.append(Patch(facecolor=drawn[0].get_facecolor(), label=title))
     axes.set_yscale("log")
     axes.set_xticks(range(len(shapes)))
+    # Shape titles are long: wrapped, so that neighbouring groups' labels never overlap.
     axes.set_xticklabels(
-        [f"{s['shape']['title']}\n{s['shape']['rows']:,} rows" for s in shapes.values()],
+        [
+            textwrap.fill(s["shape"]["title"], 24) + f"\n{s['shape']['rows']:,} rows"
+            for s in shapes.values()
+        ],
         fontsize=8,
     )
     axes.set_ylabel("rows retired per second (log)")
     axes.set_title("Drain rate, same rows and batch size (hatched: stopped at budget)")
-    axes.legend(handles=handles, fontsize=8)
+    # Under the figure (see `chart`), not inside the axes, where it covered the last
+    # group's bars.
+    axes.figure.legend(
+        handles=handles, fontsize=8, loc="lower center", ncol=min(len(handles), 5) or 1
+    )
     axes.grid(axis="y", which="both", alpha=0.3)
 
 
@@ -73,7 +87,7 @@ def chart(data: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, (bars, curve) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [2.2, 1]})
+    fig, (bars, curve) = plt.subplots(1, 2, figsize=(13, 6), gridspec_kw={"width_ratios": [2.2, 1]})
     _bars(bars, data.get("shapes", {}))
     _curve(curve, data.get("scale"))
     fig.suptitle(
@@ -81,7 +95,14 @@ def chart(data: dict[str, Any], path: Path) -> bool:
         f"backend {data['versions']['outbox_backend']})",
         fontsize=10,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))  # the bottom tenth holds the legend
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+if __name__ == "__main__":
+    results = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results/latest.json")
+    if not chart(json.loads(results.read_text()), results.with_suffix(".png")):
+        sys.exit("matplotlib is not installed")
+    print(results.with_suffix(".png"))
