@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.contrib import admin
@@ -20,6 +21,7 @@ Rows = QuerySet[Any]
 class OutboxAdmin(OperatorAdmin):
     list_display = [
         "id",
+        "message_id",
         "scope",
         "shard_identifier",
         "category_name",
@@ -31,6 +33,10 @@ class OutboxAdmin(OperatorAdmin):
     ]
     list_filter = [DeliveryStateFilter, ScopeFilter, CategoryFilter, "attempts"]
     search_fields = ["=shard_identifier", "=object_identifier"]
+    search_help_text = "A shard or object identifier, or a message id."
+    # The message id and the write time are not form fields (editable=False): named
+    # here so that one row's page shows them.
+    readonly_fields = ["message_id", "date_added"]
     ordering = ["id"]
     actions = [
         "retry_messages",
@@ -39,6 +45,17 @@ class OutboxAdmin(OperatorAdmin):
         "discard_messages",
         "discard_groups",
     ]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: Rows, search_term: str
+    ) -> tuple[Rows, bool]:
+        """A message id (as receivers and logs show it) finds its row; any other term
+        searches the identifiers."""
+        try:
+            message_id = uuid.UUID(search_term.strip())
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        return queryset.filter(message_id=message_id), False
 
     @admin.display(description="scope", ordering="shard_scope")
     def scope(self, obj: OutboxBase) -> str:

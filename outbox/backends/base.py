@@ -71,14 +71,18 @@ class Message:
     """The newest row of a group as a fast path reads it: only what the signal needs.
 
     A backend may instead hand the engine the model instance itself; both carry the
-    shard fields, `category`, `object_identifier`, a decoded `payload` and the times.
+    shard fields, `category`, `object_identifier`, `attempts`, `message_id`, `headers`,
+    a decoded `payload` and the times.
     """
 
     __slots__ = (
+        "attempts",
         "category",
         "date_added",
         "delivered_to",
+        "headers",
         "id",
+        "message_id",
         "object_identifier",
         "payload",
         "region_name",
@@ -94,8 +98,11 @@ class Message:
         date_added: Any,
         scheduled_for: Any,
         delivered_to: str = "",
+        message_id: Any = None,
+        headers: Any = None,
     ) -> None:
         self.id = group.newest_id
+        self.attempts = group.attempts[-1]
         self.region_name, self.shard_scope, self.shard_identifier = group.shard
         self.category = group.category
         self.object_identifier = group.object_identifier
@@ -103,6 +110,8 @@ class Message:
         self.date_added = date_added
         self.scheduled_for = scheduled_for
         self.delivered_to = delivered_to
+        self.message_id = message_id
+        self.headers = headers
 
 
 class Group:

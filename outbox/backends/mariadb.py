@@ -27,7 +27,6 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from outbox.backends.base import (
     Lease,
-    Message,
     OutboxBackend,
     Settlement,
     SettleResult,
@@ -35,12 +34,12 @@ from outbox.backends.base import (
     Window,
 )
 from outbox.backends.coalesce import coalesce
-from outbox.backends.convert import Convert
+from outbox.backends.convert import MessageReader
 from outbox.backends.mariadb_params import (
     attempt_documents,
     back_off_document,
-    converter,
     key_json,
+    message_reader,
     micros,
     ours,
 )
@@ -73,7 +72,7 @@ class MariaDBBackend(OutboxBackend):
 
     def __init__(self, using: str) -> None:
         super().__init__(using)
-        self._converters: dict[type[OutboxBase], tuple[Convert, Convert]] = {}
+        self._readers: dict[type[OutboxBase], MessageReader] = {}
 
     def _fetch(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
         with connections[self.using].cursor() as cursor:
@@ -174,22 +173,11 @@ class MariaDBBackend(OutboxBackend):
 
     def _messages(self, model: type[OutboxBase], newest: Mapping[Any, Any], at: int) -> None:
         """Give each group its newest row as a Message, decoded as Django decodes it."""
-        if model not in self._converters:
-            connection = connections[self.using]
-            self._converters[model] = (
-                converter(model, "payload", connection),
-                converter(model, "date_added", connection),  # and scheduled_for, alike
-            )
-        payload, when = self._converters[model]
+        if model not in self._readers:
+            self._readers[model] = message_reader(model, connections[self.using])
+        reader = self._readers[model]
         for group, row in newest.items():
-            date_added, scheduled_for = row[at + 1], row[at + 2]
-            group.message = Message(
-                group,
-                payload(row[at]),
-                None if date_added is None else when(date_added),
-                None if scheduled_for is None else when(scheduled_for),
-                row[at + 3],
-            )
+            group.message = reader.message(group, row[at : at + 6])
 
     # -- settle -------------------------------------------------------------------------
 

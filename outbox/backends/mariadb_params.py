@@ -13,7 +13,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from outbox.backends.base import FailedGroup, Lease
-from outbox.backends.convert import Convert, field_converter
+from outbox.backends.convert import MessageReader
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
@@ -63,10 +63,10 @@ def back_off_document(failed: Sequence[FailedGroup]) -> str:
     return json.dumps([[*group.shard, micros(group.block_seconds)] for group in failed])
 
 
-def converter(model: type[OutboxBase], name: str, connection: BaseDatabaseWrapper) -> Convert:
-    """How Django turns column `name` into a value: json.loads for a stock JSONField, as
-    Django does; else the field's own converters (see `field_converter`)."""
-    return field_converter(model, name, connection, _loads_json)
+def message_reader(model: type[OutboxBase], connection: BaseDatabaseWrapper) -> MessageReader:
+    """How Django turns a read row into a message: json.loads for a stock JSONField, as
+    Django does; else each field's own converters (see `field_converter`)."""
+    return MessageReader(model, connection, _loads_json)
 
 
 _raw_decode = json.JSONDecoder().raw_decode

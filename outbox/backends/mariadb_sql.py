@@ -201,7 +201,7 @@ class Statements:
         return (
             f"{alias}.`id`, {alias}.`category`, {alias}.`object_identifier`, {alias}.`attempts`,"
             f" {alias}.`scheduled_for` <= NOW(6), {alias}.`payload`, {', '.join(times)},"
-            f" {alias}.`delivered_to`"
+            f" {alias}.`delivered_to`, {alias}.`message_id`, {alias}.`headers`"
         )
 
     def _read_small(self, timed: bool) -> str:

@@ -26,7 +26,6 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from outbox.backends.base import (
     ExecuteWrapper,
     Lease,
-    Message,
     OutboxBackend,
     Settlement,
     SettleResult,
@@ -34,7 +33,7 @@ from outbox.backends.base import (
     Window,
 )
 from outbox.backends.coalesce import coalesce
-from outbox.backends.convert import field_converter
+from outbox.backends.convert import MessageReader
 from outbox.backends.postgres_params import (
     bound_params,
     claim_params,
@@ -54,14 +53,6 @@ _raw_decode = json.JSONDecoder().raw_decode
 
 def _decode_stock_json(value: Any) -> Any:
     return _raw_decode(value)[0] if isinstance(value, str) else value
-
-
-def payload_decoder(
-    model: type[OutboxBase], connection: BaseDatabaseWrapper
-) -> Callable[[Any], Any]:
-    """How Django turns the payload column of `model` into a value: raw_decode for a
-    stock JSONField (see `field_converter`)."""
-    return field_converter(model, "payload", connection, _decode_stock_json)
 
 
 class PostgresBackend(OutboxBackend):
@@ -89,7 +80,7 @@ class PostgresBackend(OutboxBackend):
 
     def __init__(self, using: str) -> None:
         super().__init__(using)
-        self._decoders: dict[type[OutboxBase], Callable[[Any], Any]] = {}
+        self._readers: dict[type[OutboxBase], MessageReader] = {}
 
     def _fetch(self, sql: str, params: Any, *, scalars: bool = False) -> list[tuple[Any, ...]]:
         """Run one statement; only one with `scalars` alone may be prepared (see
@@ -188,21 +179,21 @@ class PostgresBackend(OutboxBackend):
         per_shard: int,
     ) -> Window:
         groups, newest, read, cut = coalesce(model, rows, shards)
-        decode = self._decoder(model)
+        reader = self._reader(model)
         message_at = len(model.shard_fields) + 5
         for group, row in newest.items():
-            payload, date_added, scheduled_for, done = row[message_at:]
-            group.message = Message(group, decode(payload), date_added, scheduled_for, done)
+            group.message = reader.message(group, row[message_at:])
         # A shard cut before a row not yet due was read to its end for now (a window's
         # SQL drops the rows past the cut, so its count may fall short of a full share).
         incomplete = {shard for shard, count in read.items() if count >= per_shard} - cut
         return Window(groups, incomplete)
 
-    def _decoder(self, model: type[OutboxBase]) -> Callable[[Any], Any]:
+    def _reader(self, model: type[OutboxBase]) -> MessageReader:
         # Django reads jsonb as text and leaves decoding to the field; so do we.
-        if model not in self._decoders:
-            self._decoders[model] = payload_decoder(model, connections[self.using])
-        return self._decoders[model]
+        if model not in self._readers:
+            connection = connections[self.using]
+            self._readers[model] = MessageReader(model, connection, _decode_stock_json)
+        return self._readers[model]
 
     def settle(self, model: type[OutboxBase], lease: Lease, settlement: Settlement) -> SettleResult:
         if not (settlement.delivered or settlement.failed or settlement.dead or settlement.release):

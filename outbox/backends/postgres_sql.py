@@ -121,9 +121,9 @@ class _Renderer(FindSql, SettleSql):
             )"""
 
     def read_columns(self, timed: bool) -> str:
-        """What a read returns of each row (`r`): payload, times and receivers done go
-        only with each group's newest row (window `newest_of_group`), so the others cost
-        nothing to transfer or decode."""
+        """What a read returns of each row (`r`): payload, times, receivers done, message
+        id and headers go only with each group's newest row (window `newest_of_group`),
+        so the others cost nothing to transfer or decode."""
         newest = 'r."id" = max(r."id") OVER newest_of_group'
         return self.row_columns(
             timed, "r.before_cut", lambda value: f"CASE WHEN {newest} THEN {value} END"
@@ -138,8 +138,9 @@ class _Renderer(FindSql, SettleSql):
 
     def row_columns(self, timed: bool, due: str, message: Callable[[str], str]) -> str:
         """Each row (`r`) as `coalesce` takes it: shard columns, id, category, object,
-        attempts and `due`; then payload, times and receivers done, each through
-        `message`. date_added also when timed: the processing lag is measured from it."""
+        attempts and `due`; then payload, times, receivers done, message id and headers,
+        each through `message`. date_added also when timed: the processing lag is
+        measured from it."""
         times = [
             message(f'r."{column}"')
             if (timed and column == "date_added") or column in self.message_columns
@@ -148,7 +149,8 @@ class _Renderer(FindSql, SettleSql):
         ]
         return f"""{", ".join(f"r.{column}" for column in self.cols)}, r."id", r."category",
                 r."object_identifier", r."attempts", {due}, {message('r."payload"')},
-                {", ".join(times)}, {message('r."delivered_to"')}"""
+                {", ".join(times)}, {message('r."delivered_to"')}, {message('r."message_id"')},
+                {message('r."headers"')}"""
 
     def shard_rows(self, key: str, limit: str, lock: str = "") -> str:
         """Up to `limit` pending rows of shard `key`, in id order, through the shard index."""

@@ -123,9 +123,11 @@ def _announce(
 ) -> None:
     attempts = group.attempts[0] + 1
     shard = group.shard
+    message_id = getattr(group.message, "message_id", None)
     logger.log(
         logging.ERROR if dead else logging.WARNING,
-        "outbox receiver failed for shard %s category %s object %s (attempt %s)%s: %s",
+        "outbox receiver failed for message %s, shard %s category %s object %s (attempt %s)%s: %s",
+        message_id,
         shard,
         group.category,
         group.object_identifier,
@@ -141,6 +143,7 @@ def _announce(
             "category": group.category,
             "object_identifier": group.object_identifier,
             "attempts": attempts,
+            "message_id": str(message_id),
         },
     )
     common = {
@@ -148,6 +151,7 @@ def _announce(
         "category": group.category,
         "object_identifier": group.object_identifier,
         "attempts": attempts,
+        "message_id": message_id,
         "error": error,
         "using": using,
     }

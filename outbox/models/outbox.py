@@ -17,6 +17,7 @@ from django.db import models, router
 from django.db.models.functions import Now
 from django.dispatch import Signal
 
+from outbox.columns import RandomUUID, new_message_id
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.models.validation import validate_message
 from outbox.shards import ShardKey
@@ -109,6 +110,19 @@ class OutboxBase(models.Model):
     category = models.IntegerField()
     object_identifier = models.BigIntegerField()
     payload = models.JSONField(null=True, blank=True)
+    # The message's identity: stable across retries of the row, unique across tables,
+    # databases and regions. Made in Python so a row knows it before it is written; the
+    # database default covers rows written without it (and those there before it).
+    message_id = models.UUIDField(
+        default=new_message_id,
+        db_default=RandomUUID(),
+        editable=False,
+        help_text="The message's id, the same on every delivery attempt of this row: an "
+        "idempotency key for receivers.",
+    )
+    # Small string headers from the writer (a correlation id, a tenant, the W3C trace
+    # context), delivered with the payload; NULL for none.
+    headers = models.JSONField(null=True, blank=True)
     # Times come from the database clock, so app servers with skewed clocks agree.
     scheduled_from = models.DateTimeField(
         db_default=Now(),
@@ -216,13 +230,17 @@ class OutboxBase(models.Model):
     @classmethod
     def message_kwargs(cls, message: Any) -> dict[str, Any]:
         """The keyword arguments of the process signal for a row (or a row-like message
-        read by the engine, carrying the shard fields, `object_identifier`, `payload` and
-        the `message_columns`)."""
+        read by the engine, carrying the shard fields, `object_identifier`, `payload`,
+        `message_id`, `attempts`, `headers` and the `message_columns`). `attempt` counts
+        this delivery: 1 for the first, one more after each failed attempt."""
         return {
             "object_identifier": message.object_identifier,
             "shard_identifier": message.shard_identifier,
             "shard_scope": message.shard_scope,
             "payload": message.payload,
+            "message_id": message.message_id,
+            "attempt": message.attempts + 1,
+            "headers": message.headers or {},
         }
 
 

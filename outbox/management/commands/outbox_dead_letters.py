@@ -1,11 +1,12 @@
 """`manage.py outbox_dead_letters list|retry|discard`: inspect dead letters, send them
 again (pending and due now, attempts reset, back in their shard's order), or delete
-them. `retry` and `discard` need a selection (`--id`, `--shard`, `--category`) or
-`--all`, so that nothing is revived or deleted by accident."""
+them. `retry` and `discard` need a selection (`--id`, `--message-id`, `--shard`,
+`--category`) or `--all`, so that nothing is revived or deleted by accident."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -29,6 +30,8 @@ class Command(BaseCommand):
         )  # fmt: skip
         parser.add_argument("--database", default=None, help="Database alias to use.")
         parser.add_argument("--id", type=int, nargs="+", action="extend", default=[])
+        parser.add_argument("--message-id", type=uuid.UUID, nargs="+", action="extend",
+                            default=[], help="Only these message ids.")  # fmt: skip
         parser.add_argument("--shard", type=int, action="append", default=[],
                             help="Only this shard_identifier (repeatable).")  # fmt: skip
         parser.add_argument("--category", action="append", default=[],
@@ -38,9 +41,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         alias = database_alias(options["database"])
-        narrowed = options["id"] or options["shard"] or options["category"]
+        narrowed = options["id"] or options["message_id"] or options["shard"] or options["category"]
         if options["action"] != "list" and not (narrowed or options["all"]):
-            raise CommandError("Say which dead letters: --id, --shard, --category, or --all.")
+            raise CommandError(
+                "Say which dead letters: --id, --message-id, --shard, --category, or --all."
+            )
         if options["json"] and options["action"] != "list":
             raise CommandError("--json goes with list.")
         selections = [self._select(model, alias, options) for model in self._tables(options)]
@@ -62,6 +67,8 @@ class Command(BaseCommand):
         rows: OutboxQuerySet[Any] = model.objects.db_manager(alias).all().dead()
         if options["id"]:
             rows = rows.filter(id__in=options["id"])
+        if options["message_id"]:
+            rows = rows.filter(message_id__in=options["message_id"])
         if options["shard"]:
             rows = rows.filter(shard_identifier__in=options["shard"])
         if options["category"]:
@@ -76,7 +83,8 @@ class Command(BaseCommand):
         for row in found:
             error = row["last_error"].splitlines()[0] if row["last_error"] else ""
             self.stdout.write(
-                f"{row['table']} #{row['id']} shard {row['shard']} {row['category']} "
+                f"{row['table']} #{row['id']} message {row['message_id']} shard {row['shard']} "
+                f"{row['category']} "
                 f"object {row['object_identifier']}: {row['attempts']} attempt(s), dead since "
                 f"{row['dead_at']}: {error}"
             )
@@ -100,6 +108,7 @@ def _describe(row: OutboxBase) -> dict[str, Any]:
     return {
         "table": row._meta.label,
         "id": row.id,
+        "message_id": str(row.message_id),
         "shard": str(row.shard_key),
         "category": known.name if known is not None else row.category,
         "object_identifier": row.object_identifier,
