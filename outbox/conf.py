@@ -98,6 +98,12 @@ class OutboxSettings:
         "Largest accepted payload, measured as its JSON encoding in UTF-8; 0: no limit.",
         at_least=0,
     )
+    MAX_HEADERS_BYTES: Setting[int] = Setting(
+        8192,
+        "Largest accepted headers of a message (a dict of str to str), measured as the "
+        "UTF-8 bytes of its names and values together; 0: no limit.",
+        at_least=0,
+    )
     DEFER_WRITES: Setting[bool] = Setting(
         False,
         "Opt-in: hold the outbox rows saved inside an `outbox_context` that opens the "

@@ -99,7 +99,7 @@ def test_unknown_names_are_no_attributes():
 def test_settings_lists_every_setting_in_declaration_order():
     declared = [name for name, value in vars(OutboxSettings).items() if isinstance(value, Setting)]
     assert list(SETTINGS) == declared
-    assert len(SETTINGS) == 36
+    assert len(SETTINGS) == 37
     assert SETTINGS["LEASE_SECONDS"].setting_name == "OUTBOX_LEASE_SECONDS"
     assert all(setting.doc for setting in SETTINGS.values())
 
@@ -197,6 +197,7 @@ def test_wrong_type_is_E011(name, value):
         ("LOOP_INTERVAL_SECONDS", 0),
         ("GRACEFUL_TIMEOUT_SECONDS", -0.5),
         ("MAX_PAYLOAD_BYTES", -1),
+        ("MAX_HEADERS_BYTES", -1),
         ("TASK_SHARDS", 0),
         ("TASK_SECONDS", 0),
         ("CELERY_MAX_TASKS", 0),

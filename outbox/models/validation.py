@@ -47,6 +47,8 @@ def validate_message(row: OutboxBase) -> str:
     for field in texts:
         _check_text(row, field)
     registry.check_pair(row.shard_scope, row.category)
+    if row.headers is not None:
+        _check_headers(row.headers)
     return _check_payload(row)
 
 
@@ -89,6 +91,40 @@ def _check_text(row: OutboxBase, field: str) -> None:
         raise InvalidOutboxMessage(
             f"{field} {value!r} is not valid Unicode (it has a lone surrogate)."
         ) from None
+
+
+def _check_headers(headers: object) -> None:
+    """Headers are a flat dict of text to text, small enough to travel as a broker's
+    or an HTTP request's headers; the same text rules as region_name."""
+    if not isinstance(headers, dict):
+        raise InvalidOutboxMessage(
+            f"headers must be a dict of str to str (or None), got {type(headers).__name__}."
+        )
+    size = 0
+    for name, value in headers.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidOutboxMessage(f"header name {name!r} is not a non-empty str.")
+        if not isinstance(value, str):
+            raise InvalidOutboxMessage(
+                f"header {name!r} must have a str value, got {type(value).__name__}: "
+                "convert it (str(), isoformat(), json.dumps()) before writing."
+            )
+        for text in (name, value):
+            if "\x00" in text:
+                raise InvalidOutboxMessage(f"header {name!r} contains a NUL character.")
+            try:
+                size += len(text.encode())
+            except UnicodeEncodeError:
+                raise InvalidOutboxMessage(
+                    f"header {name!r} is not valid Unicode (it has a lone surrogate)."
+                ) from None
+    limit = outbox_settings.MAX_HEADERS_BYTES
+    if limit and size > limit:
+        raise InvalidOutboxMessage(
+            f"headers are {size} bytes, over OUTBOX_MAX_HEADERS_BYTES={limit}: "
+            "headers are for small values (an id, a tenant, a version); put data in the "
+            "payload."
+        )
 
 
 def _check_payload(row: OutboxBase) -> str:

@@ -170,14 +170,16 @@ class HeldRows:
 
 
 def _snapshot(row: OutboxBase, payload_json: str) -> Snapshot:
-    """The row's field values now; the payload as its checked JSON text, so later
-    changes to the row's payload (even in place) do not reach the table."""
+    """The row's field values now; the payload as its checked JSON text and the
+    headers as a copy, so later changes to them (even in place) do not reach the table."""
     values = row.__dict__
     snapshot = {
         name: values[name] if name in values else getattr(row, name)
         for name in _written_attnames(type(row))
     }
     snapshot["payload"] = payload_json
+    if snapshot.get("headers"):
+        snapshot["headers"] = dict(snapshot["headers"])
     return snapshot
 
 
