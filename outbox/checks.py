@@ -1,4 +1,4 @@
-"""System checks with stable ids: outbox.W001/E001 and E018 here, the other settings'
+"""System checks with stable ids: outbox.W001/E001, E018 and E019 here, the other settings'
 checks (outbox.E010 to E017) in `outbox.checks_settings`. Imported by the app config when
 it is ready.
 
@@ -18,8 +18,9 @@ from django.core.checks import ERROR, WARNING, CheckMessage, Error, Tags, regist
 
 from outbox.categories import OutboxCategory, registry
 from outbox.checks_settings import check_settings
-from outbox.conf import SETTINGS
+from outbox.conf import SETTINGS, outbox_settings
 from outbox.exceptions import MetricsUnavailable
+from outbox.inbox import inbox_receivers
 from outbox.metrics.base import metrics_class
 from outbox.models import outbox_models
 
@@ -97,3 +98,34 @@ def check_metrics(
         problem = f"{error.problem} The app runs without metrics."
         return [Error(problem, hint=error.hint, id="outbox.E018")]
     return []
+
+
+@register()
+def check_inbox_retention(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """outbox.E019: inbox records would be pruned while their message may still be
+    redelivered: after a dead worker's lease expires, and through every back-off of
+    its retries (one back-off where retries never end)."""
+    if not inbox_receivers or any(
+        SETTINGS[name].problem(SETTINGS[name].configured())
+        for name in ("INBOX_RETENTION_SECONDS", "LEASE_SECONDS", "BACKOFF_MAX_SECONDS")
+    ):
+        return []
+    limits = [outbox_settings.MAX_ATTEMPTS]
+    limits += [c.max_attempts() or 0 for c in registry.categories.values()]
+    attempts = max([limit for limit in limits if limit] or [1])
+    window = outbox_settings.LEASE_SECONDS + outbox_settings.BACKOFF_MAX_SECONDS * attempts
+    retention = outbox_settings.INBOX_RETENTION_SECONDS
+    if retention >= window:
+        return []
+    return [
+        Error(
+            f"OUTBOX_INBOX_RETENTION_SECONDS={retention:g} is shorter than a message can "
+            f"be redelivered ({window:g}s: OUTBOX_LEASE_SECONDS plus "
+            f"OUTBOX_BACKOFF_MAX_SECONDS times {attempts} attempt(s)), so an inbox "
+            "receiver could apply a message twice.",
+            hint=f"Set OUTBOX_INBOX_RETENTION_SECONDS to at least {window:g}.",
+            id="outbox.E019",
+        )
+    ]

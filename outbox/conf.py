@@ -203,6 +203,12 @@ class OutboxSettings:
         "keep its order. A category may set its own (see the docs).",
         at_least=0,
     )
+    INBOX_RETENTION_SECONDS: Setting[float] = Setting(
+        7 * 24 * 3600.0,
+        "How long the records of `inbox_receiver`s are kept (a week by default): a "
+        "message redelivered after its record was pruned is applied again. The check "
+        "`outbox.E019` refuses a retention shorter than a message can be redelivered.",
+    )
     METRICS: Setting[str | None] = Setting(
         None,
         "Where metrics go: `prometheus`, `statsd`, `opentelemetry`, or the dotted path of "

@@ -1,7 +1,8 @@
 """The signals receivers connect to, with a category member as ``sender``.
 
 ``process_region_outbox`` is sent with ``object_identifier``, ``shard_identifier``,
-``shard_scope`` and ``payload``; ``process_control_outbox`` adds ``region_name``,
+``shard_scope``, ``payload``, ``message_id``, ``attempt``, ``headers`` and ``using`` (the
+outbox's database alias); ``process_control_outbox`` adds ``region_name``,
 ``date_added`` and ``scheduled_for``. Receivers must be idempotent: a message is
 delivered at least once, and again if a worker dies before its delete commits.
 
@@ -128,3 +129,4 @@ message_dead_lettered = Signal()
 lease_lost = Signal()
 shards_claimed = Signal()
 receivers_stuck = Signal()
+duplicate_skipped = Signal()

@@ -22,6 +22,7 @@ from typing import Any
 from django.db import transaction
 from django.dispatch import Signal
 
+from outbox import tracing
 from outbox.backends.base import Group
 from outbox.categories import OutboxCategory, registry
 from outbox.conf import outbox_settings
@@ -73,6 +74,8 @@ class ReceiverCalls:
         # With `timed`, each send records how long every receiver took (receiver id,
         # seconds) in `timings`; without, the happy path measures nothing.
         self.timings: list[tuple[str, float]] | None = [] if timed else None
+        # Set while a tracer provider is: each message's delivery then has a span.
+        self.tracer = tracing.delivery_tracer()
 
     def send(self, group: Group, retire: Callable[[], bool]) -> bool:
         """Call the group's receivers with its newest payload.
@@ -83,8 +86,17 @@ class ReceiverCalls:
         category with no receiver raises NoReceiver.
         """
         route = self._route(group.category)
+        kwargs = self.model.message_kwargs(group.message)
+        kwargs["using"] = self.using
+        if self.tracer is None:
+            return self._send(route, group, kwargs, retire)
+        with tracing.delivery_span(self.tracer, kwargs, route.category):
+            return self._send(route, group, kwargs, retire)
+
+    def _send(
+        self, route: _Route, group: Group, kwargs: dict[str, Any], retire: Callable[[], bool]
+    ) -> bool:
         message = group.message
-        kwargs = self.model.message_kwargs(message)
         timings = self.timings
         if timings is not None:
             timings.clear()
@@ -111,13 +123,20 @@ class ReceiverCalls:
         if timings is not None:
             timings.clear()
         kwargs = self.model.message_kwargs(group.message)
-        await self._route(group.category).asend(kwargs, _done_before(group.message), timings)
+        kwargs["using"] = self.using
+        route = self._route(group.category)
+        if self.tracer is None:
+            await route.asend(kwargs, _done_before(group.message), timings)
+            return
+        with tracing.delivery_span(self.tracer, kwargs, route.category):
+            await route.asend(kwargs, _done_before(group.message), timings)
 
     def sibling(self) -> ReceiverCalls:
         """Another delivery to the same receivers, with timings of its own (for a
         coroutine running beside others)."""
         other = ReceiverCalls(self.model, self.using, timed=self.timings is not None)
         other._routes = self._routes
+        other.tracer = self.tracer
         return other
 
     def _route(self, category: int) -> _Route:

@@ -4,6 +4,7 @@ This layer never imports the write path or the engine: rows hand their saves to 
 write path through `OutboxBase.write_path`, which the app installs when it is ready.
 """
 
+from outbox.models.inbox import InboxRecord, InboxRecordQuerySet
 from outbox.models.lease import ShardLease, ShardLeaseQuerySet
 from outbox.models.outbox import (
     ControlOutbox,
@@ -16,6 +17,8 @@ from outbox.models.outbox import (
 
 __all__ = [
     "ControlOutbox",
+    "InboxRecord",
+    "InboxRecordQuerySet",
     "OutboxBase",
     "OutboxQuerySet",
     "RegionOutbox",

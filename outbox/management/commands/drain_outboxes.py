@@ -23,6 +23,7 @@ from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
 from outbox.engine.slots import stuck_receivers
 from outbox.exceptions import DrainInTransaction, InvalidOutboxMessage, StuckReceivers
 from outbox.health import backlog
+from outbox.inbox import inbox_databases, inbox_receivers, prune_inbox
 from outbox.management.arguments import database_alias, outbox_table, positive_int
 from outbox.metrics import record_backlog
 
@@ -131,6 +132,9 @@ class Command(BaseCommand):
         try:
             record_backlog(self.using)  # the backlog gauges; nothing without OUTBOX_METRICS
             figures = backlog(self.using)
+            if inbox_receivers:  # old records, a second's worth of slices at most
+                for using in [self.using] if self.using else inbox_databases():
+                    prune_inbox(using, seconds=1.0)
         except DatabaseError:  # the loop itself reconnects; the heartbeat says so
             logger.warning("outbox heartbeat could not read the backlog", exc_info=True)
             figures = "unknown (database unreachable)"
