@@ -1,4 +1,5 @@
-"""The stress Django app: connects the journaling receiver and the connection registry."""
+"""The stress Django app: connects the journaling receiver, the inbox receiver
+(`stress/inbox.py`) and the connection registry."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ class StressConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from stress import receivers
+        from stress import inbox, receivers
 
-        receivers.connect()
+        receivers.connect()  # first: the journaling receiver runs before the inbox one
+        inbox.connect()

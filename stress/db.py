@@ -88,10 +88,11 @@ def reset() -> None:
     from django.db import connection
 
     from outbox.engine import outbox_models
-    from outbox.models import ShardLease
-    from stress.models import Conn, Control, Journal, Written
+    from outbox.models import InboxRecord, ShardLease
+    from stress.models import Conn, Control, Effect, Journal, Skip, Written
 
-    models = [*outbox_models(), ShardLease, Written, Journal, Control, Conn]
+    models = [*outbox_models(), ShardLease, InboxRecord, Written, Journal, Effect, Skip]
+    models += [Control, Conn]
     with connection.cursor() as cursor:
         for model in models:
             cursor.execute(f"DELETE FROM {connection.ops.quote_name(model._meta.db_table)}")

@@ -1,4 +1,5 @@
-"""Tables of the stress run: what committed, what was delivered, faults and connections."""
+"""Tables of the stress run: what committed, what was delivered, the inbox receiver's
+effects, faults and connections."""
 
 from __future__ import annotations
 
@@ -49,9 +50,44 @@ class Journal(models.Model):
     slow = models.BooleanField(default=False, help_text="in flight when SIGTERM was sent")
     token = models.CharField(max_length=32, default="")
     holder = models.CharField(max_length=128, default="")
+    message_id = models.UUIDField(null=True)
 
     def __str__(self) -> str:
         return f"call {self.shard}/{self.obj} seq {self.seq} by {self.process}"
+
+
+class Effect(models.Model):
+    """One call of the inbox receiver (`stress/inbox.py`), inserted in its transaction with
+    the inbox record. Not unique on `message_id`: a message applied twice shows as two
+    rows."""
+
+    message_id = models.UUIDField()
+    shard = models.BigIntegerField()
+    category = models.IntegerField()
+    obj = models.BigIntegerField()
+    seq = models.BigIntegerField()
+    attempt = models.IntegerField()
+    process = models.CharField(max_length=64)
+    pid = models.IntegerField()
+    at = models.FloatField()
+
+    class Meta:
+        indexes = [models.Index(fields=["message_id"])]
+
+    def __str__(self) -> str:
+        return f"effect of {self.message_id} by {self.process}"
+
+
+class Skip(models.Model):
+    """One delivery the inbox receiver skipped (`duplicate_skipped`), inserted in the
+    transaction that found the message's inbox record."""
+
+    message_id = models.UUIDField()
+    process = models.CharField(max_length=64)
+    at = models.FloatField()
+
+    def __str__(self) -> str:
+        return f"skip of {self.message_id} by {self.process}"
 
 
 class Control(models.Model):

@@ -4,8 +4,8 @@ Each call reads its shard's lease row when it starts (the batch token and the ho
 so the checker knows which batch a call belonged to and whether its process held the
 shard) and ends with one autocommit INSERT into `Journal` with time.time() start and
 end, so calls of different processes can be compared (a hung call is inserted when it
-starts and updated when it returns). Fault flags (`Control`) are
-re-read at most every 0.3 s per process.
+starts and updated when it returns), and the message id it was given. Fault flags
+(`Control`) are re-read at most every 0.3 s per process.
 """
 
 from __future__ import annotations
@@ -134,6 +134,7 @@ def receive(sender: Any, **kwargs: Any) -> None:
         ok=flags.fail.get(shard, 0.0) <= start,
         token=token,
         holder=holder,
+        message_id=kwargs["message_id"],
     )
     if call.ok and DRAINER:
         _act_out(call)
