@@ -1,11 +1,14 @@
-"""`python -m stress [--db postgres|mariadb] [--short] [--no-faults] [--concurrency N]
-[--receiver-ms MS]`: run, check, report.
+"""`python -m stress [--db postgres|mariadb] [--short] [--no-faults] [--messages N]
+[--faults KIND,...] [--fault-every S] [--concurrency N] [--receiver-ms MS] [--effect-ms MS]
+[--name NAME]`: run, check, report.
 
 Writes stress/results/<name>.json (one object per database, merged with earlier runs)
-and <name>.md; <name> is `latest` for a full run, `short` for --short. Exits 1 when
-anything was lost, reordered, overlapped, delivered without the lease or duplicated
-without a fault to explain it, when a graceful stop missed one of its facts, or when a
-fault kind was never injected (see `stress/report.py`).
+and <name>.md; <name> is `latest` for a full run, `short` for --short, the fault kinds
+(`kill`) when --faults picks some. Exits 1 when anything was lost, reordered,
+overlapped, delivered without the lease or duplicated without a fault to explain it,
+when the inbox receiver applied a message twice or lost, invented or misnamed an effect,
+when a graceful stop missed one of its facts, or when a fault kind was never injected
+(see `stress/report.py`).
 """
 
 from __future__ import annotations
@@ -23,35 +26,26 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="stress")
-    parser.add_argument("--db", choices=["postgres", "mariadb"], default="postgres")
-    parser.add_argument("--short", action="store_true", help="a few thousand messages")
-    parser.add_argument("--no-faults", action="store_true")
-    parser.add_argument(
-        "--concurrency", type=int, default=8, help="slots per drainer (OUTBOX_CONCURRENCY)"
-    )
-    parser.add_argument(
-        "--receiver-ms", type=float, default=2.0, help="how long every receiver call waits"
-    )
-    args = parser.parse_args()
+    args = _arguments()
     os.environ["STRESS_DB"] = args.db
     os.environ["STRESS_CONCURRENCY"] = str(args.concurrency)
     os.environ["STRESS_RECEIVER_MS"] = str(args.receiver_ms)
+    os.environ["STRESS_EFFECT_MS"] = str(args.effect_ms)
     os.environ.setdefault("STRESS_DB_NAME", "outbox_stress")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stress.settings")
     _setup()
     from stress import checker, db, report, runner
 
     db.reset()
-    plan = runner.SHORT if args.short else runner.FULL
-    name = "short" if args.short else "latest"
-    if args.no_faults:
-        name += "-nofaults"
+    plan = (runner.SHORT if args.short else runner.FULL).but(
+        args.messages, args.faults, args.fault_every
+    )
     tmp = Path(tempfile.mkdtemp(prefix=f"stress-{args.db}-"))
     print(
         f"stress {plan.name} on {args.db}: {plan.messages} messages, {plan.shards} shards, "
         f"{plan.writers} writers, {runner.DRAINERS} drainers x {args.concurrency} slots, "
-        f"receivers waiting {args.receiver_ms:g} ms; logs in {tmp}",
+        f"receivers waiting {args.receiver_ms:g} ms (inbox receiver {args.effect_ms:g} ms), "
+        f"faults {'none' if args.no_faults else ', '.join(plan.kinds)}; logs in {tmp}",
         flush=True,
     )
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -67,15 +61,61 @@ def main() -> int:
         plan=plan.name,
         concurrency=args.concurrency,
         receiver_ms=args.receiver_ms,
+        effect_ms=args.effect_ms,
+        fault_kinds=[] if args.no_faults else list(plan.kinds),
     )
     (tmp / "faults.json").write_text(json.dumps({"info": info, "result": result}, indent=1))
-    print(report.publish(name, args.db, result))
-    found = report.problems(result, faults=not args.no_faults)
+    print(report.publish(args.name or _name(args), args.db, result))
+    found = report.problems(result)
     for problem in found:
         print(f"FAIL: {problem}", flush=True)
     if result["unexplained_examples"]:
         print(f"unexplained duplicates: see {tmp / 'faults.json'}")
     return 1 if found else 0
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="stress")
+    parser.add_argument("--db", choices=["postgres", "mariadb"], default="postgres")
+    parser.add_argument("--short", action="store_true", help="a few thousand messages")
+    parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--messages", type=int, help="this many (at the plan's pace)")
+    parser.add_argument("--faults", type=_kinds, help="comma-separated kinds, e.g. kill")
+    parser.add_argument("--fault-every", type=float, help="seconds between faults")
+    parser.add_argument(
+        "--concurrency", type=int, default=8, help="slots per drainer (OUTBOX_CONCURRENCY)"
+    )
+    parser.add_argument(
+        "--receiver-ms", type=float, default=2.0, help="how long every receiver call waits"
+    )
+    parser.add_argument(
+        "--effect-ms",
+        type=float,
+        default=0.0,
+        help="how long the inbox receiver waits inside its transaction (drainers)",
+    )
+    parser.add_argument("--name", help="results file name (default: from the options)")
+    return parser.parse_args()
+
+
+def _kinds(text: str) -> list[str]:
+    from stress.faults import KINDS
+
+    kinds = [kind.strip() for kind in text.split(",") if kind.strip()]
+    unknown = [kind for kind in kinds if kind not in KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"fault kinds are {', '.join(KINDS)}")
+    return kinds
+
+
+def _name(args: argparse.Namespace) -> str:
+    """`latest` (full), `short`; only some fault kinds: `kill` (full), `short-kill`; then
+    `-nofaults` without faults."""
+    name = "short" if args.short else "latest"
+    if args.faults:
+        kinds = "-".join(args.faults)
+        name = f"short-{kinds}" if args.short else kinds
+    return f"{name}-nofaults" if args.no_faults else name
 
 
 def _setup() -> None:

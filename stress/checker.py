@@ -9,9 +9,11 @@
   as `hung_overlaps`).
 - unleased_calls: calls that started while the shard's lease row did not name their
   process (whoever calls a receiver must hold the shard).
-- duplicates: extra successful calls for the same (group, seq), each attributed to a
-  fault or counted in `unexplained_duplicates` (`stress/duplicates.py`).
+- duplicates (duplicate receiver calls): successful calls of the journaling receiver for
+  a (group, seq) beyond the first successful one, each attributed to a fault or counted
+  in `unexplained_duplicates` (`stress/duplicates.py`).
 - graceful: the facts of each SIGTERM with a receiver in flight (`stress/stopcheck.py`).
+- effects of the inbox receiver: duplicate, lost, phantom (`stress/effects.py`).
 - slowest_recovery_s: per drainer fault, time until every affected shard (one the
   faulted process delivered shortly before) delivered a write committed before the fault.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from stress import duplicates, journal, order, stopcheck
+from stress import duplicates, effects, journal, order, stopcheck
 from stress.journal import Call, Group, Write
 
 
@@ -55,6 +57,7 @@ def check(info: dict[str, Any]) -> dict[str, Any]:
         "hung_overlaps": hung_overlaps,
         "unleased_calls": sum(1 for c in calls if not c.leased),
         **dups,
+        **effects.check(writes),
         "graceful": stopcheck.summary(stops),
         "graceful_stops": stops,
         "slowest_recovery_s": _recovery(faults, writes, by_shard, lease),

@@ -47,9 +47,14 @@ ROWS: list[Row] = [
     ("order violations (unverified)", lambda r: _pair(r, "order_violations", "order_unverified")),
     ("overlaps (after a hung call)", lambda r: f"{r['overlaps']} ({r['hung_overlaps']})"),
     ("calls without the lease", lambda r: r["unleased_calls"]),
-    ("duplicates", lambda r: r["duplicates"]),
+    ("duplicate receiver calls", lambda r: r["duplicates"]),
     ("… explained by", lambda r: _kinds(r["duplicates_explained"])),
     ("… unexplained", lambda r: r["unexplained_duplicates"]),
+    ("inbox receiver: effects (inbox wait)", lambda r: f"{r['effects']} ({r['effect_ms']:g} ms)"),
+    ("… deliveries skipped as applied", lambda r: r["inbox_skips"]),
+    ("… duplicate effects", lambda r: r["duplicate_effects"]),
+    ("… lost effects (superseded)", lambda r: _pair(r, "lost_effects", "superseded_effects")),
+    ("… phantom effects; id mismatches", lambda r: _effect_errors(r)),
     ("slowest recovery", lambda r: f"{r['slowest_recovery_s']} s"),
     ("graceful stops", _graceful),
     ("restarts (crashes)", lambda r: f"{r['restarts']} ({r['crashes']})"),
@@ -58,30 +63,36 @@ ROWS: list[Row] = [
 ]
 
 
-def problems(result: dict[str, Any], faults: bool) -> list[str]:
-    """Why this run fails; empty when it passes."""
-    found = [
-        f"{key} {result[key]}"
-        for key in (
-            "lost",
-            "phantoms",
-            "order_violations",
-            "overlaps",
-            "unleased_calls",
-            "unexplained_duplicates",
-        )
-        if result[key]
-    ]
-    if not faults and result["duplicates"]:
+def _effect_errors(r: dict[str, Any]) -> str:
+    return f"{r['phantom_effects']}; {r['effect_id_mismatches']}"
+
+
+FAILING = (
+    "lost",
+    "phantoms",
+    "order_violations",
+    "overlaps",
+    "unleased_calls",
+    "unexplained_duplicates",
+    "duplicate_effects",
+    "lost_effects",
+    "phantom_effects",
+    "effect_id_mismatches",
+)
+
+
+def problems(result: dict[str, Any]) -> list[str]:
+    """Why this run fails; empty when it passes. `fault_kinds`: those the run injects
+    (none: a run without faults, where duplicates must be 0 too)."""
+    kinds = result["fault_kinds"]
+    found = [f"{key} {result[key]}" for key in FAILING if result[key]]
+    if not kinds and result["duplicates"]:
         found.append(f"duplicates {result['duplicates']} without faults")
     if not result["drained"]:
         found.append(f"not drained: {result['left_in_outbox']} rows left")
-    if faults:
-        from stress.faults import KINDS
-
-        missing = [kind for kind in KINDS if kind not in result["faults"]]
-        if missing:
-            found.append(f"faults never injected: {', '.join(missing)}")
+    missing = [kind for kind in kinds if kind not in result["faults"]]
+    if missing:
+        found.append(f"faults never injected: {', '.join(missing)}")
     for stop in result["graceful_stops"]:
         if stop["problems"]:
             found.append(f"graceful stop on shard {stop['shard']}: {', '.join(stop['problems'])}")

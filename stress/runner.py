@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,19 +36,30 @@ class Plan:
     seconds: float  # how long the writers spread their messages over
     fault_every: float  # seconds between faults (cycling through the kinds)
     drain_timeout: float = 300.0
-    max_faults: int = 10_000
+    one_of_each: bool = False  # stop after one fault of each kind
+    kinds: tuple[str, ...] = tuple(faults.KINDS)  # injected in turn
+
+    @property
+    def max_faults(self) -> int:
+        return len(self.kinds) if self.one_of_each else 10_000
+
+    def but(self, messages: int | None, kinds: list[str] | None, fault_every: float | None) -> Plan:
+        """This plan with another message count (at the same pace: the writing time
+        scales with it), other fault kinds, or another interval between faults."""
+        plan = self
+        if messages:
+            seconds = max(self.seconds * messages / self.messages, 10.0)
+            plan = replace(plan, messages=messages, seconds=seconds)
+        if kinds:
+            plan = replace(plan, kinds=tuple(kinds))
+        if fault_every:
+            plan = replace(plan, fault_every=fault_every)
+        return plan
 
 
-FAULT_KINDS = list(faults.KINDS)
 # Short: one fault of each kind, all well before the writers stop writing.
 SHORT = Plan(
-    "short",
-    messages=3000,
-    shards=200,
-    writers=2,
-    seconds=40,
-    fault_every=3.5,
-    max_faults=len(FAULT_KINDS),
+    "short", messages=3000, shards=200, writers=2, seconds=40, fault_every=3.5, one_of_each=True
 )
 FULL = Plan("full", messages=100_000, shards=1000, writers=2, seconds=300, fault_every=15)
 
@@ -227,7 +238,7 @@ def _until_drained(run: Run, inject_faults: bool) -> bool:
             and len(injected) < plan.max_faults
             and time.monotonic() >= next_fault
         ):
-            run.inject(FAULT_KINDS[len(injected) % len(FAULT_KINDS)], rng)
+            run.inject(plan.kinds[len(injected) % len(plan.kinds)], rng)
             next_fault = time.monotonic() + plan.fault_every
         if not writing and not RegionOutbox.objects.exists():
             return True
