@@ -1,6 +1,7 @@
 """`python -m stress [--db postgres|mariadb] [--short] [--no-faults] [--messages N]
-[--faults KIND,...] [--fault-every S] [--concurrency N] [--receiver-ms MS] [--effect-ms MS]
-[--name NAME]`: run, check, report.
+[--faults KIND,...] [--fault-every S] [--write-seconds S] [--writers N] [--drainers N]
+[--prefill N] [--drain-after S] [--fault-backlog N] [--concurrency N] [--receiver-ms MS]
+[--effect-ms MS] [--name NAME]`: run, check, report.
 
 Writes stress/results/<name>.json (one object per database, merged with earlier runs)
 and <name>.md; <name> is `latest` for a full run, `short` for --short, the fault kinds
@@ -38,12 +39,21 @@ def main() -> int:
 
     db.reset()
     plan = (runner.SHORT if args.short else runner.FULL).but(
-        args.messages, args.faults, args.fault_every
+        args.messages,
+        args.faults,
+        args.fault_every,
+        seconds=args.write_seconds,
+        writers=args.writers,
+        drainers=args.drainers,
+        drain_after=args.drain_after,
+        fault_backlog=args.fault_backlog,
+        prefill=args.prefill,
     )
     tmp = Path(tempfile.mkdtemp(prefix=f"stress-{args.db}-"))
     print(
         f"stress {plan.name} on {args.db}: {plan.messages} messages, {plan.shards} shards, "
-        f"{plan.writers} writers, {runner.DRAINERS} drainers x {args.concurrency} slots, "
+        f"{plan.writers} writers over {plan.seconds:g} s, {plan.drainers} drainers x "
+        f"{args.concurrency} slots (unsettled bound {_unsettled():g} s), "
         f"receivers waiting {args.receiver_ms:g} ms (inbox receiver {args.effect_ms:g} ms), "
         f"faults {'none' if args.no_faults else ', '.join(plan.kinds)}; logs in {tmp}",
         flush=True,
@@ -55,11 +65,18 @@ def main() -> int:
     result.update(
         check_seconds=round(time.monotonic() - started, 1),
         load_average=load,
+        load_average_end=" ".join(f"{x:.1f}" for x in os.getloadavg()),
         lease_seconds=info["lease_seconds"],
         graceful_timeout_s=info["graceful_timeout_s"],
         finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         plan=plan.name,
         concurrency=args.concurrency,
+        writers=plan.writers,
+        drainers=plan.drainers,
+        drain_after_s=plan.drain_after,
+        fault_backlog=plan.fault_backlog,
+        prefill=plan.prefill,
+        unsettled_seconds=_unsettled(),
         receiver_ms=args.receiver_ms,
         effect_ms=args.effect_ms,
         fault_kinds=[] if args.no_faults else list(plan.kinds),
@@ -82,6 +99,14 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--messages", type=int, help="this many (at the plan's pace)")
     parser.add_argument("--faults", type=_kinds, help="comma-separated kinds, e.g. kill")
     parser.add_argument("--fault-every", type=float, help="seconds between faults")
+    parser.add_argument("--write-seconds", type=float, help="writers spread the messages over")
+    parser.add_argument("--writers", type=int, help="writer processes (2)")
+    parser.add_argument("--drainers", type=int, help="drain_outboxes --loop processes (4)")
+    parser.add_argument("--prefill", type=int, help="of the messages, N committed in bulk first")
+    parser.add_argument("--drain-after", type=float, help="drainers start S s after the writers")
+    parser.add_argument(
+        "--fault-backlog", type=int, help="faults while N rows pend (not while writing)"
+    )
     parser.add_argument(
         "--concurrency", type=int, default=8, help="slots per drainer (OUTBOX_CONCURRENCY)"
     )
@@ -116,6 +141,14 @@ def _name(args: argparse.Namespace) -> str:
         kinds = "-".join(args.faults)
         name = f"short-{kinds}" if args.short else kinds
     return f"{name}-nofaults" if args.no_faults else name
+
+
+def _unsettled() -> float:
+    """OUTBOX_UNSETTLED_SECONDS of the drainers (STRESS_UNSETTLED_SECONDS, else the
+    default)."""
+    from outbox.conf import outbox_settings
+
+    return float(getattr(outbox_settings, "UNSETTLED_SECONDS", 0.0))
 
 
 def _setup() -> None:

@@ -11,7 +11,7 @@
   process (whoever calls a receiver must hold the shard).
 - duplicates (duplicate receiver calls): successful calls of the journaling receiver for
   a (group, seq) beyond the first successful one, each attributed to a fault or counted
-  in `unexplained_duplicates` (`stress/duplicates.py`).
+  in `unexplained_duplicates` (`stress/duplicates.py`), and per fault injected.
 - graceful: the facts of each SIGTERM with a receiver in flight (`stress/stopcheck.py`).
 - effects of the inbox receiver: duplicate, lost, phantom (`stress/effects.py`).
 - slowest_recovery_s: per drainer fault, time until every affected shard (one the
@@ -41,13 +41,14 @@ def check(info: dict[str, Any]) -> dict[str, Any]:
     spans = order.tainted(faults, by_shard, lease)
     violations, unverified = order.check_order(writes, by_shard, spans)
     dups = duplicates.attribute(faults, calls)
+    injected = dict(sorted(Counter(f["kind"] for f in faults if not f.get("skipped")).items()))
     stops = stopcheck.check_stops(faults, calls, writes, lease)
     return {
         "messages": len(writes),
         "shards": len({w.shard for w in writes}),
         "receiver_calls": len(calls),
         "flush_calls": sum(1 for c in calls if c.process.startswith("writer")),
-        "faults": dict(sorted(Counter(f["kind"] for f in faults if not f.get("skipped")).items())),
+        "faults": injected,
         "faults_skipped": sum(1 for f in faults if f.get("skipped")),
         "lost": sum(1 for g, q in newest.items() if (*g, q) not in delivered),
         "phantoms": sum(1 for key in delivered if key not in committed),
@@ -57,6 +58,7 @@ def check(info: dict[str, Any]) -> dict[str, Any]:
         "hung_overlaps": hung_overlaps,
         "unleased_calls": sum(1 for c in calls if not c.leased),
         **dups,
+        **duplicates.per_fault(dups, faults),
         **effects.check(writes),
         "graceful": stopcheck.summary(stops),
         "graceful_stops": stops,
@@ -67,6 +69,8 @@ def check(info: dict[str, Any]) -> dict[str, Any]:
         "seconds": round(info["seconds"], 1),
         "drained": info["drained"],
         "left_in_outbox": info["left_in_outbox"],
+        "max_backlog": info.get("max_backlog"),
+        "max_backlog_at_s": info.get("max_backlog_at_s"),
     }
 
 

@@ -41,7 +41,12 @@ ROWS: list[Row] = [
         lambda r: f"{r.get('concurrency', 1)}; {r.get('receiver_ms', 0):g} ms",
     ),
     ("receiver calls (by sync flush)", lambda r: f"{r['receiver_calls']} ({r['flush_calls']})"),
+    (
+        "writers; drainers; unsettled bound",
+        lambda r: f"{r['writers']}; {r['drainers']}; {r['unsettled_seconds']:g} s",
+    ),
     ("faults", lambda r: _kinds(r["faults"])),
+    ("largest backlog (rows; at)", lambda r: f"{r['max_backlog']} ({r['max_backlog_at_s']} s)"),
     ("lost", lambda r: r["lost"]),
     ("phantoms (rolled back, delivered)", lambda r: r["phantoms"]),
     ("order violations (unverified)", lambda r: _pair(r, "order_violations", "order_unverified")),
@@ -49,6 +54,16 @@ ROWS: list[Row] = [
     ("calls without the lease", lambda r: r["unleased_calls"]),
     ("duplicate receiver calls", lambda r: r["duplicates"]),
     ("… explained by", lambda r: _kinds(r["duplicates_explained"])),
+    ("… of batches settling behind", lambda r: r["duplicates_settling"]),
+    (
+        "… per fault (most from one fault)",
+        lambda r: _pair(r, "duplicates_per_fault", "duplicates_one_fault_max"),
+    ),
+    (
+        "… per fault in a backlog ≥ 1000 rows (faults)",
+        lambda r: _pair(r, "duplicates_per_fault_in_backlog", "faults_in_backlog"),
+    ),
+    ("… per fault, by kind", lambda r: _kinds(r["duplicates_per_fault_by_kind"])),
     ("… unexplained", lambda r: r["unexplained_duplicates"]),
     ("inbox receiver: effects (inbox wait)", lambda r: f"{r['effects']} ({r['effect_ms']:g} ms)"),
     ("… deliveries skipped as applied", lambda r: r["inbox_skips"]),
@@ -59,7 +74,7 @@ ROWS: list[Row] = [
     ("graceful stops", _graceful),
     ("restarts (crashes)", lambda r: f"{r['restarts']} ({r['crashes']})"),
     ("drained; run, check", lambda r: f"{r['drained']}; {r['seconds']} s, {r['check_seconds']} s"),
-    ("load average at start", lambda r: r.get("load_average", "")),
+    ("load average at start (end)", lambda r: f"{r['load_average']} ({r['load_average_end']})"),
 ]
 
 

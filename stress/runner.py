@@ -1,4 +1,5 @@
-"""The runner: start writers and 4 drainers, inject faults, wait for the backlog to drain.
+"""The runner: start writers and drainers (4 unless the plan says), inject faults, wait
+for the backlog to drain, sampling its size (rows pending) every second.
 
 Drainers are real `manage.py drain_outboxes --loop` processes with the stress settings.
 A supervisor restarts any drainer or writer that exits early (a drainer killed by a fault
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stress import faults
+from stress.backlog import Backlog
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAINERS = 4
@@ -38,23 +40,36 @@ class Plan:
     drain_timeout: float = 300.0
     one_of_each: bool = False  # stop after one fault of each kind
     kinds: tuple[str, ...] = tuple(faults.KINDS)  # injected in turn
+    drainers: int = DRAINERS
+    drain_after: float = 0.0  # drainers start this long after the writers
+    fault_backlog: int = 0  # faults while this many rows pend (instead of while writing)
+    prefill: int = 0  # of `messages`, committed in bulk before anything starts
 
     @property
     def max_faults(self) -> int:
         return len(self.kinds) if self.one_of_each else 10_000
 
-    def but(self, messages: int | None, kinds: list[str] | None, fault_every: float | None) -> Plan:
+    def but(
+        self,
+        messages: int | None = None,
+        kinds: list[str] | None = None,
+        fault_every: float | None = None,
+        **sizes: Any,
+    ) -> Plan:
         """This plan with another message count (at the same pace: the writing time
-        scales with it), other fault kinds, or another interval between faults."""
+        scales with it), other fault kinds, another interval between faults; `sizes`:
+        `seconds` (writing time), `writers`, `drainers`, `drain_after`, `fault_backlog`,
+        `prefill` where given."""
         plan = self
         if messages:
             seconds = max(self.seconds * messages / self.messages, 10.0)
-            plan = replace(plan, messages=messages, seconds=seconds)
+            timeout = max(self.drain_timeout, messages / 200)
+            plan = replace(plan, messages=messages, seconds=seconds, drain_timeout=timeout)
         if kinds:
             plan = replace(plan, kinds=tuple(kinds))
         if fault_every:
             plan = replace(plan, fault_every=fault_every)
-        return plan
+        return replace(plan, **{k: v for k, v in sizes.items() if v})
 
 
 # Short: one fault of each kind, all well before the writers stop writing.
@@ -167,9 +182,9 @@ class Run:
     def drainers(self) -> list[Proc]:
         return [p for p in self.procs.values() if p.role == "drainer"]
 
-    def inject(self, kind: str, rng: random.Random) -> None:
-        """Inject one fault of this kind and record it."""
-        record: dict[str, Any] = {"kind": kind, "at": time.time()}
+    def inject(self, kind: str, rng: random.Random, backlog: int) -> None:
+        """Inject one fault of this kind and record it (with the rows pending)."""
+        record: dict[str, Any] = {"kind": kind, "at": time.time(), "backlog": backlog}
         faults.KINDS[kind](self, rng, record)
         self.faults.append(record)
         shown = {k: v for k, v in record.items() if k != "kind"}
@@ -198,14 +213,17 @@ def execute(plan: Plan, tmp: Path, inject_faults: bool = True) -> dict[str, Any]
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     run = Run(plan, tmp, env)
+    if plan.prefill:
+        from stress.writer import prefill
+
+        prefill(plan.writers, plan.shards, plan.prefill)
     started = time.time()
     run.writing_until = started + plan.seconds
-    for i in range(DRAINERS):
-        run.start_drainer(i, 0)
     for i in range(plan.writers):
-        run.start_writer(i, 0)
+        run.start_writer(i, 1 if plan.prefill else 0)
+    backlog = Backlog()
     try:
-        drained = _until_drained(run, inject_faults)
+        drained = _until_drained(run, inject_faults, backlog)
     finally:
         run.stop_all()
     return {
@@ -216,31 +234,43 @@ def execute(plan: Plan, tmp: Path, inject_faults: bool = True) -> dict[str, Any]
         "left_in_outbox": RegionOutbox.objects.count(),
         "lease_seconds": run.lease,
         "graceful_timeout_s": run.graceful_timeout,
+        "max_backlog": backlog.largest,
+        "max_backlog_at_s": round(backlog.at - started, 1) if backlog.at else None,
     }
 
 
-def _until_drained(run: Run, inject_faults: bool) -> bool:
-    """Supervise, inject faults in turn while the writers write, and wait until they are
-    done and the outbox is empty (False: the hard stop came first)."""
+def _until_drained(run: Run, inject_faults: bool, backlog: Backlog) -> bool:
+    """Start the drainers (after `drain_after`), supervise, inject faults in turn while
+    the writers write (or, with `fault_backlog`, while that many rows pend), and wait
+    until they are done and the outbox is empty (False: the hard stop came first)."""
     from outbox.models import RegionOutbox
 
     plan = run.plan
     rng = random.Random(7)
-    next_fault = time.monotonic() + plan.fault_every
-    hard_stop = time.monotonic() + plan.seconds * 4 + plan.drain_timeout
+    drain_at = time.monotonic() + plan.drain_after
+    next_fault = drain_at + plan.fault_every
+    hard_stop = drain_at + plan.seconds * 4 + plan.drain_timeout
+    draining = False
     while time.monotonic() < hard_stop:
+        if not draining and time.monotonic() >= drain_at:
+            for i in range(plan.drainers):
+                run.start_drainer(i, 0)
+            draining = True
         run.supervise()
+        backlog.sample()
         writing = len(run.writers_done) < plan.writers
+        backlogged = backlog.rows >= plan.fault_backlog if plan.fault_backlog else writing
         injected = [f for f in run.faults if not f.get("skipped")]  # skipped: again
         if (
             inject_faults
-            and writing
+            and draining
+            and backlogged
             and len(injected) < plan.max_faults
             and time.monotonic() >= next_fault
         ):
-            run.inject(plan.kinds[len(injected) % len(plan.kinds)], rng)
+            run.inject(plan.kinds[len(injected) % len(plan.kinds)], rng, backlog.rows)
             next_fault = time.monotonic() + plan.fault_every
-        if not writing and not RegionOutbox.objects.exists():
+        if draining and not writing and not RegionOutbox.objects.exists():
             return True
         time.sleep(0.2)
     return False

@@ -4,6 +4,7 @@ Connection: PGHOST/PGPORT/PGUSER/PGPASSWORD or MYSQL_HOST/MYSQL_PORT/MYSQL_USER/
 MYSQL_PASSWORD (defaults 127.0.0.1, postgres / root, no password). Database:
 STRESS_DB_NAME (default `outbox_stress`; the runner creates it). STRESS_PROCESS names
 the process in the journal and in the connection registry (faults find it there).
+STRESS_UNSETTLED_SECONDS, if set, is OUTBOX_UNSETTLED_SECONDS (else the default).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ OUTBOX_BATCH_SHARDS = 20
 OUTBOX_CONCURRENCY = int(os.environ.get("STRESS_CONCURRENCY", "8"))
 OUTBOX_RECEIVER_TIMEOUT_SECONDS = 8.0
 OUTBOX_GRACEFUL_TIMEOUT_SECONDS = 10.0
+# The bound on delivered, unsettled work per drain (#32): the default unless set.
+if os.environ.get("STRESS_UNSETTLED_SECONDS"):
+    OUTBOX_UNSETTLED_SECONDS = float(os.environ["STRESS_UNSETTLED_SECONDS"])
 
 LOGGING = {
     "version": 1,

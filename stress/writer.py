@@ -7,7 +7,8 @@ there).
 owns the shards s with s % WRITERS == INDEX, so each shard's commit order is this
 process's order. It spreads its share of MESSAGES evenly until UNTIL (epoch seconds), so
 a restarted writer keeps the run's pace. Sequence numbers start at GENERATION * 1e9, so
-a restarted writer keeps them increasing.
+a restarted writer keeps them increasing. `prefill` commits a backlog in bulk first
+(generation 0 of every writer).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROLLBACK_RATE = 0.05
 FLUSH_RATE = 0.2  # transactions flushed right after commit: outbox_context(flush=True)
@@ -37,7 +39,7 @@ class Writer:
         self.rng = random.Random(f"{index}-{generation}")
         self.seq = generation * 1_000_000_000
         self.sseq = dict.fromkeys(self.owned, self.seq)
-        self.stall_marker = Path(os.environ["STRESS_TMP"]) / f"writer-{index}.stall"
+        self.stall_marker = Path(os.environ.get("STRESS_TMP", ".")) / f"writer-{index}.stall"
 
     def transaction(self, stall: bool) -> int:
         """Commit (or roll back) 1 to 3 messages of one shard; how many committed."""
@@ -63,6 +65,13 @@ class Writer:
         return count
 
     def _write(self, shard: int) -> None:
+        row, written = self._rows(shard)
+        row.save()
+        written.at = time.time()
+        written.save()
+
+    def _rows(self, shard: int) -> tuple[Any, Any]:
+        """The next message of this shard: its outbox row and its `Written` record."""
         from outbox.categories import unique_object_identifier
         from outbox.models import RegionOutbox
         from stress.models import Written
@@ -76,16 +85,38 @@ class Writer:
         else:
             category, obj = StressCategory.DISTINCT, unique_object_identifier()
         payload = {"seq": self.seq, "sseq": self.sseq[shard]}
-        RegionOutbox(
+        row = RegionOutbox(
             shard_scope=StressScope.STRESS,
             shard_identifier=shard,
             category=category,
             object_identifier=obj,
             payload=payload,
-        ).save()
-        Written.objects.create(
-            shard=shard, category=int(category), obj=obj, at=time.time(), **payload
         )
+        written = Written(shard=shard, category=int(category), obj=obj, at=0.0, **payload)
+        return row, written
+
+
+def prefill(writers: int, shards: int, messages: int, chunk: int = 1000) -> None:
+    """Commit `messages` in bulk (`chunk` per transaction) as generation 0 of each writer,
+    before any drainer runs: a backlog to start from. The writers then start at
+    generation 1, so their sequence numbers follow these."""
+    from django.db import transaction
+
+    from outbox.models import RegionOutbox
+    from stress.models import Written
+
+    for index in range(writers):
+        writer = Writer(index, writers, 0, shards)
+        left = messages // writers
+        while left > 0:
+            pairs = [writer._rows(writer.rng.choice(writer.owned)) for _ in range(min(chunk, left))]
+            with transaction.atomic():
+                RegionOutbox.objects.bulk_create([row for row, _ in pairs])
+                at = time.time()
+                for _, written in pairs:
+                    written.at = at
+                Written.objects.bulk_create([written for _, written in pairs])
+            left -= len(pairs)
 
 
 def main(argv: list[str]) -> int:
