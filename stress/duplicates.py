@@ -9,10 +9,11 @@ explained by fault F when the delivery just before it, E, was in flight at F:
   were killed) in a batch it had not settled at the fault: the batch in flight (E's
   lease token, read when E started, is the token of that process's last call started
   before the fault completed), the batch settling behind it through a backlog (the
-  token of the process's calls before those: `outbox.engine.pipeline`), or a straggler
-  still running at the fault (a call of its batch ended after it); and D started after
-  the fault. Duplicates of the batch settling behind are counted apart too
-  (`duplicates_settling`);
+  token of the process's calls before those: `outbox.engine.pipeline`), or another batch
+  it was still delivering (a straggler: a call of that batch ended less than `RECENT_S`
+  before the fault, or after it); and D started after the fault. Duplicates of batches
+  other than the last are counted apart (`duplicates_settling`), and the oldest
+  redelivered delivery's age at the fault is reported (`oldest_redelivered_s`);
 - hang: E was made in the batch of the hung call (same lease token: the whole batch's
   lease lapsed while the receiver hung past the deadline); and D started after the
   hung call started.
@@ -30,6 +31,8 @@ from itertools import pairwise
 from typing import Any
 
 from stress.journal import Call
+
+RECENT_S = 5.0  # a batch with a call that ended this close to a fault may be unsettled (a lease)
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,8 @@ def in_flight(faults: list[dict[str, Any]], calls: list[Call]) -> list[InFlight]
 def _unsettled(before: list[Call], cut: float) -> list[tuple[str, bool]]:
     """The tokens of a process's batches that may be unsettled at `cut`, from its calls
     started before it (in start order): the last one's, the one before (settling behind:
-    True), and any whose call was still running."""
+    True), and any batch with a call that ended within `RECENT_S` of the cut or after it
+    (a straggler, or a batch still settling)."""
     tokens: list[str] = []  # distinct, by last use
     for call in reversed(before):
         if call.token and call.token not in tokens:
@@ -80,8 +84,8 @@ def _unsettled(before: list[Call], cut: float) -> list[tuple[str, bool]]:
         if len(tokens) == 2:
             break
     found = [(token, i == 1) for i, token in enumerate(tokens)]
-    running = {c.token for c in before if c.token and c.end > cut and c.token not in tokens}
-    return found + [(token, False) for token in sorted(running)]
+    recent = {c.token for c in before if c.token and c.end > cut - RECENT_S} - set(tokens)
+    return found + [(token, True) for token in sorted(recent)]
 
 
 def attribute(faults: list[dict[str, Any]], calls: list[Call]) -> dict[str, Any]:
@@ -96,6 +100,7 @@ def attribute(faults: list[dict[str, Any]], calls: list[Call]) -> dict[str, Any]
     explained: Counter[str] = Counter()
     by_fault: Counter[int] = Counter()
     settling = 0
+    oldest = 0.0  # seconds before its fault, the oldest delivery a fault redelivered
     unexplained: list[dict[str, Any]] = []
     for series in deliveries.values():
         for previous, again in pairwise(series):
@@ -107,12 +112,14 @@ def attribute(faults: list[dict[str, Any]], calls: list[Call]) -> dict[str, Any]
                 explained[cause.kind] += 1
                 by_fault[cause.fault] += 1
                 settling += cause.behind
+                oldest = max(oldest, cause.since - previous.start)
             else:
                 unexplained.append({"first": previous._asdict(), "again": again._asdict()})
     return {
         "duplicates": sum(explained.values()) + len(unexplained),
         "duplicates_explained": dict(sorted(explained.items())),
         "duplicates_settling": settling,
+        "oldest_redelivered_s": round(oldest, 2),
         "duplicates_by_fault": [by_fault[i] for i, f in enumerate(faults) if not f.get("skipped")],
         "unexplained_duplicates": len(unexplained),
         "unexplained_examples": unexplained[:10],

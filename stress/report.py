@@ -55,6 +55,7 @@ ROWS: list[Row] = [
     ("duplicate receiver calls", lambda r: r["duplicates"]),
     ("… explained by", lambda r: _kinds(r["duplicates_explained"])),
     ("… of batches settling behind", lambda r: r["duplicates_settling"]),
+    ("… oldest delivery redelivered (s before its fault)", lambda r: r["oldest_redelivered_s"]),
     (
         "… per fault (most from one fault)",
         lambda r: _pair(r, "duplicates_per_fault", "duplicates_one_fault_max"),
