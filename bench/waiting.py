@@ -21,7 +21,8 @@ min(shards, concurrency x processes) / wait.
 - procrastinate's worker at `concurrency` 32 on the same messages as jobs of a sync task
   that sleeps 10 ms (`bench.tasks.wait`);
 - what the slots cost receivers that return at once: no-op drains at the default
-  concurrency against 1, side by side (`bench.slots_cost`).
+  concurrency against 1, side by side (`bench.slots_cost`);
+- what the bound on unsettled work costs, side by side (`bench.unsettled_cost`).
 
 Goals are reported, met or missed ("missed_goals"), and never fail the run; a lost,
 duplicate or out-of-order call fails it in any mode.
@@ -38,6 +39,7 @@ from typing import Any
 
 from bench import waiting_report
 from bench.slots_cost import measure as measure_slots_cost
+from bench.unsettled_cost import measure as measure_unsettled_cost
 from bench.waiting_runs import Plan, SettleWatch, left, load, tally
 
 TITLE = "Receivers that wait (concurrency, async receivers, a hung call)"
@@ -177,8 +179,11 @@ def _measure(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
             runs[plan.name].append(result)
             problems += result.pop("problems")
             log(waiting_report.progress(plan, result))
-    slots_cost = measure_slots_cost(mode)
-    log(f"waiting: no-op slots cost {[round(s['ratio'] or 0, 2) for s in slots_cost['shapes']]}")
+    slots_cost, unsettled_cost = measure_slots_cost(mode), measure_unsettled_cost(mode)
+    log(
+        f"waiting: no-op slots cost {[round(s['ratio'] or 0, 2) for s in slots_cost['shapes']]}, "
+        f"bound cost {[round(s['ratio'] or 0, 2) for s in unsettled_cost['shapes']]}"
+    )
     reset()
     shapes = {name: _median(results) for name, results in runs.items()}
     comparisons = waiting_report.comparisons(shapes, PROCESS_GOAL, PROCRASTINATE_GOAL)
@@ -191,6 +196,7 @@ def _measure(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
         "load_average_start": load_start,
         "load_average_end": list(os.getloadavg()),
         "slots_cost": slots_cost,
+        "unsettled_cost": unsettled_cost,
         "problems": problems,
         "missed_goals": _missed(shapes, comparisons),
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import slots_cost
+from bench import slots_cost, unsettled_cost
 from bench.waiting_runs import Plan
 
 
@@ -171,6 +171,8 @@ def markdown(result: dict[str, Any]) -> list[str]:
     lines += ["", _procrastinate_line(result)]
     if "slots_cost" in result:
         lines += ["", *slots_cost.markdown(result["slots_cost"])]
+    if "unsettled_cost" in result:
+        lines += ["", *unsettled_cost.markdown(result["unsettled_cost"])]
     return lines
 
 

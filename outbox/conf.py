@@ -70,6 +70,15 @@ class OutboxSettings:
         "How many rows one read of the claimed shards fetches (coalescing window).",
         at_least=1,
     )
+    UNSETTLED_SECONDS: Setting[float] = Setting(
+        0.25,
+        "With receivers that wait (calls of a millisecond or more): about how many "
+        "seconds of delivered calls one drain holds before their rows are deleted. It "
+        "claims the shards its receivers get through in half of this, so a drain that "
+        "dies redelivers about this much. Receivers that return at once are not held "
+        "to it.",
+        above=0,
+    )
     BACKOFF_BASE_SECONDS: Setting[float] = Setting(
         2.0, "Delay before the first retry of a failed row; doubled per attempt.", above=0
     )

@@ -100,9 +100,12 @@ def _skipped(key: str, message_id: Any, category: Any, using: str) -> None:
         message_id,
         extra={"event": "outbox.duplicate_skipped", "receiver": key, "message_id": str(message_id)},
     )
-    duplicate_skipped.send(
+    # A listener that raises must not turn the skip into a failed delivery.
+    for listener, error in duplicate_skipped.send_robust(
         InboxRecord, receiver=key, message_id=message_id, category=category, using=using
-    )
+    ):
+        if isinstance(error, Exception):
+            logger.error("outbox duplicate_skipped listener %r raised", listener, exc_info=error)
 
 
 def prune_inbox(using: str, *, rows: int = PRUNE_SLICE_ROWS, seconds: float = 0.0) -> int:

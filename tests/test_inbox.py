@@ -35,6 +35,7 @@ def inbox(calls):
 
     def heard(sender, **kwargs):
         skipped.append(kwargs)
+        raise RuntimeError("a listener's bug does not fail the delivery")
 
     @inbox_receiver(process_region_outbox, sender=Category.AUDIT_EVENT, name="tests.inbox")
     def apply(sender, object_identifier, shard_identifier, payload, **kwargs):

@@ -40,6 +40,9 @@ class BatchWorker:
         self.stragglers: Stragglers | None = None
         self._wide = False  # receivers wait: start every window on all slots
         self._report_processed = False
+        # Receiver calls of the last `work`, and their time, wherever they ran.
+        self._calls = 0
+        self._call_seconds = 0.0
 
     def work(
         self,
@@ -57,6 +60,7 @@ class BatchWorker:
         if not lease.shards:
             return stats, None
         holding = holding or Holding(self.backend, self.model, lease)
+        self._calls, self._call_seconds = 0, 0.0
         keeper = LeaseKeeper.get()
         keeper.hold(holding)
         active = list(lease.shards)
@@ -91,6 +95,11 @@ class BatchWorker:
                 self.release_remaining(lease)
         return stats, pending
 
+    @property
+    def mean_call_seconds(self) -> float | None:
+        """How long the last `work`'s receiver calls took on average (None: no call)."""
+        return self._call_seconds / self._calls if self._calls > 0 else None
+
     @staticmethod
     def _round_end(
         active: list[ShardKey], window: Window, reached: set[ShardKey], round_: Round
@@ -118,9 +127,12 @@ class BatchWorker:
             self._deliver_on_slots(self.slots, window, holding, round_)
             return
         deliverer = self._deliverer(holding)
+        calls, seconds = holding.calls, holding.call_seconds
         for shard, groups in window.shards.items():
             if not deliverer.deliver(shard, groups, round_, holding):
-                return
+                break
+        self._calls += holding.calls - calls
+        self._call_seconds += holding.call_seconds - seconds
 
     def _deliverer(self, holding: Holding) -> ShardDeliverer:
         return ShardDeliverer(
@@ -147,6 +159,9 @@ class BatchWorker:
         )
         # Calls awaited on the loop need no slot: only slow calls on slots widen.
         self._wide = run.slow or any(not task.on_loop for task in run.carved)
+        for task in (*run.finished, *run.carved):
+            self._calls += task.calls
+            self._call_seconds += task.call_seconds
         for task in run.finished:
             round_.merge(task.round)
         for task in run.carved:

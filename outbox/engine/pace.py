@@ -1,11 +1,19 @@
-"""How many shards a drain claims: about as many as it can deliver soon.
+"""How many shards a drain claims at once: about what it delivers in a moment.
 
-Shards a worker has claimed wait for it, however slow its receivers are, while other
-workers find nothing to claim. So a drain claims what its slots deliver in about
-`BATCH_TARGET_SECONDS`, judged by how long its last batch took per shard, within the
-row-count budget (`OUTBOX_BATCH_SHARDS`, `OUTBOX_BATCH_ROWS`). Its first claim, before it
-has seen a receiver, is small (`FIRST_CLAIM_PER_SLOT` shards per slot): fast receivers
-lose one round trip to it, slow ones leave the rest of the shards to other workers.
+Two reasons to keep a batch short in time. Shards a worker has claimed wait for it,
+however slow its receivers are, while other workers find nothing to claim. And rows a
+worker has delivered are deleted when their round is settled: if the worker dies first,
+they are delivered again. Through a backlog a worker has two rounds unsettled at most
+(the one it delivers, and the one settling behind it), so each is kept to half of
+`OUTBOX_UNSETTLED_SECONDS` when receivers wait (calls of `WAITING_CALL_SECONDS` or more):
+a drain claims the shards its slots deliver in that time, judged by its last batch,
+within the row-count budget (`OUTBOX_BATCH_SHARDS`, `OUTBOX_BATCH_ROWS`). Receivers that
+return at once fill the budget long before, so for them a batch may take up to
+`FAST_BATCH_SECONDS`, and the statements per message stay what they were. Windows are
+not shortened: a group is delivered with the newest row its window read, so a window
+cut short would deliver a group twice in one pass. A first claim, before the drain has
+seen a receiver, is small (`FIRST_CLAIM_PER_SLOT` shards per slot): fast receivers lose
+one round trip to it, slow ones leave the rest of the shards to others.
 """
 
 from __future__ import annotations
@@ -13,26 +21,39 @@ from __future__ import annotations
 from outbox.conf import outbox_settings
 from outbox.engine.rounds import DrainStats
 
-BATCH_TARGET_SECONDS = 1.0
 FIRST_CLAIM_PER_SLOT = 16
+# How long a batch of receivers that return at once may take: the bound on unsettled
+# work is for receivers that wait, and fast ones fill the row budget well inside it.
+FAST_BATCH_SECONDS = 1.0
+# Receivers that wait: calls of a millisecond or more on average.
+WAITING_CALL_SECONDS = 0.001
 
 
 class Pace:
-    """One drain's claim size, from the time its batches took per shard."""
+    """One drain's claim size, from the time its last batch took per shard."""
 
     def __init__(self) -> None:
         self.seconds_per_shard: float | None = None  # wall time, slots working at once
+        self.waiting = False  # the last batch's receivers waited (see the module)
 
-    def observe(self, batch: DrainStats, seconds: float) -> None:
+    def observe(self, batch: DrainStats, seconds: float, call_seconds: float | None) -> None:
+        """A batch took `seconds`, its receiver calls `call_seconds` each on average."""
         if batch.shards and batch.receiver_calls:
             self.seconds_per_shard = seconds / batch.shards
+            self.waiting = call_seconds is not None and call_seconds >= WAITING_CALL_SECONDS
+
+    def target_seconds(self) -> float:
+        """How long one batch should take to deliver."""
+        if self.waiting:
+            return outbox_settings.UNSETTLED_SECONDS / 2
+        return FAST_BATCH_SECONDS
 
     def limit(self, budget: int, concurrency: int) -> int:
         """How many shards the next claim takes, at most `budget`, at least one per slot."""
         per_shard = self.seconds_per_shard
         if per_shard is None:
             return min(budget, FIRST_CLAIM_PER_SLOT * concurrency)
-        fits = int(BATCH_TARGET_SECONDS / per_shard) if per_shard > 0 else budget
+        fits = int(self.target_seconds() / per_shard) if per_shard > 0 else budget
         return max(min(budget, fits), min(budget, concurrency), 1)
 
 
@@ -49,7 +70,11 @@ def shard_budget(wide_batches: bool, batch: DrainStats) -> int:
     return max(shards, min(outbox_settings.BATCH_ROWS, int(outbox_settings.BATCH_ROWS / per_shard)))
 
 
+def rows_worked(batch: DrainStats) -> int:
+    """The rows a batch worked on: retired, failed or dead-lettered."""
+    return batch.rows_retired + batch.failures + batch.dead_lettered
+
+
 def rows_per_shard(batch: DrainStats) -> float:
-    """The rows a batch worked on (retired, failed or dead-lettered) per shard it claimed."""
-    rows = batch.rows_retired + batch.failures + batch.dead_lettered
-    return rows / batch.shards if batch.shards else 0.0
+    """The rows a batch worked on per shard it claimed."""
+    return rows_worked(batch) / batch.shards if batch.shards else 0.0

@@ -163,7 +163,7 @@ class Drainer:
         """Work a claimed batch (`_work`), noting how long it took per shard."""
         started = time.monotonic()
         batch, pending = self._batch.work(claimed.lease, None, defer=defer, holding=claimed.holding)
-        self._pace.observe(batch, time.monotonic() - started)
+        self._pace.observe(batch, time.monotonic() - started, self._batch.mean_call_seconds)
         return batch, pending
 
     def _next_claim(self, ahead: ClaimAhead, limit: int, stats: DrainStats) -> Claimed:
