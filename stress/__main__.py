@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,17 +39,7 @@ def main() -> int:
     from stress import checker, db, report, runner
 
     db.reset()
-    plan = (runner.SHORT if args.short else runner.FULL).but(
-        args.messages,
-        args.faults,
-        args.fault_every,
-        seconds=args.write_seconds,
-        writers=args.writers,
-        drainers=args.drainers,
-        drain_after=args.drain_after,
-        fault_backlog=args.fault_backlog,
-        prefill=args.prefill,
-    )
+    plan = _plan(args)
     tmp = Path(tempfile.mkdtemp(prefix=f"stress-{args.db}-"))
     print(
         f"stress {plan.name} on {args.db}: {plan.messages} messages, {plan.shards} shards, "
@@ -69,17 +60,7 @@ def main() -> int:
         lease_seconds=info["lease_seconds"],
         graceful_timeout_s=info["graceful_timeout_s"],
         finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        plan=plan.name,
-        concurrency=args.concurrency,
-        writers=plan.writers,
-        drainers=plan.drainers,
-        drain_after_s=plan.drain_after,
-        fault_backlog=plan.fault_backlog,
-        prefill=plan.prefill,
-        unsettled_seconds=_unsettled(),
-        receiver_ms=args.receiver_ms,
-        effect_ms=args.effect_ms,
-        fault_kinds=[] if args.no_faults else list(plan.kinds),
+        **_shape(args, plan),
     )
     (tmp / "faults.json").write_text(json.dumps({"info": info, "result": result}, indent=1))
     print(report.publish(args.name or _name(args), args.db, result))
@@ -89,6 +70,39 @@ def main() -> int:
     if result["unexplained_examples"]:
         print(f"unexplained duplicates: see {tmp / 'faults.json'}")
     return 1 if found else 0
+
+
+def _plan(args: argparse.Namespace) -> Any:
+    from stress import runner
+
+    return (runner.SHORT if args.short else runner.FULL).but(
+        args.messages,
+        args.faults,
+        args.fault_every,
+        seconds=args.write_seconds,
+        writers=args.writers,
+        drainers=args.drainers,
+        drain_after=args.drain_after,
+        fault_backlog=args.fault_backlog,
+        prefill=args.prefill,
+    )
+
+
+def _shape(args: argparse.Namespace, plan: Any) -> dict[str, Any]:
+    """The run's shape, for the results."""
+    return {
+        "plan": plan.name,
+        "concurrency": args.concurrency,
+        "writers": plan.writers,
+        "drainers": plan.drainers,
+        "drain_after_s": plan.drain_after,
+        "fault_backlog": plan.fault_backlog,
+        "prefill": plan.prefill,
+        "unsettled_seconds": _unsettled(),
+        "receiver_ms": args.receiver_ms,
+        "effect_ms": args.effect_ms,
+        "fault_kinds": [] if args.no_faults else list(plan.kinds),
+    }
 
 
 def _arguments() -> argparse.Namespace:
