@@ -3,14 +3,14 @@ a group's newest row into its Message."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 
 from outbox.backends.base import Group, Message
-from outbox.columns import Convert, column_converter
+from outbox.columns import Convert, as_is, column_converter
 from outbox.models import OutboxBase
 
 __all__ = ["Convert", "MessageReader", "field_converter"]
@@ -32,30 +32,39 @@ def field_converter(
 
 
 class MessageReader:
-    """Builds a group's Message from the columns a fast path read of its newest row, in
-    this order: payload, date_added, scheduled_for, delivered_to, message_id, headers;
-    each value turned into what a queryset would give (JSON through `stock_json` where
-    the field is a stock JSONField)."""
+    """Builds each group's Message from the columns a fast path read of its newest row,
+    in this order: payload, date_added, scheduled_for, delivered_to, message_id,
+    headers; each value turned into what a queryset would give (JSON through
+    `stock_json` where the field is a stock JSONField)."""
 
     def __init__(
         self, model: type[OutboxBase], connection: BaseDatabaseWrapper, stock_json: Convert
     ) -> None:
-        def convert(name: str) -> Convert:
-            return field_converter(model, name, connection, stock_json)
+        def convert(name: str) -> Convert | None:
+            # None: the column is taken as read (`as_is`), with no call per row.
+            function = field_converter(model, name, connection, stock_json)
+            return None if function is as_is else function
 
-        self._payload = convert("payload")
+        self._payload = convert("payload") or as_is
         self._time = convert("date_added")  # and scheduled_for, alike
         self._message_id = convert("message_id")
         self._headers = convert("headers")
 
-    def message(self, group: Group, columns: Sequence[Any]) -> Message:
-        payload, date_added, scheduled_for, done, message_id, headers = columns
-        return Message(
-            group,
-            self._payload(payload),
-            None if date_added is None else self._time(date_added),
-            None if scheduled_for is None else self._time(scheduled_for),
-            done,
-            None if message_id is None else self._message_id(message_id),
-            None if headers is None else self._headers(headers),
-        )
+    def attach(self, newest: Mapping[Group, Sequence[Any]], at: int) -> None:
+        """Give each group of `newest` its Message, from its row's columns from `at` on.
+        Runs once per message delivered, so converters the column does not need are
+        skipped rather than called."""
+        payload_of, time_of = self._payload, self._time
+        id_of, headers_of = self._message_id, self._headers
+        for group, row in newest.items():
+            payload, date_added, scheduled_for, done, message_id, headers = row[at : at + 6]
+            if time_of is not None:
+                date_added = None if date_added is None else time_of(date_added)
+                scheduled_for = None if scheduled_for is None else time_of(scheduled_for)
+            if id_of is not None and message_id is not None:
+                message_id = id_of(message_id)
+            if headers is not None and headers_of is not None:
+                headers = headers_of(headers)
+            group.message = Message(
+                group, payload_of(payload), date_added, scheduled_for, done, message_id, headers
+            )

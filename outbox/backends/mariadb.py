@@ -175,9 +175,7 @@ class MariaDBBackend(OutboxBackend):
         """Give each group its newest row as a Message, decoded as Django decodes it."""
         if model not in self._readers:
             self._readers[model] = message_reader(model, connections[self.using])
-        reader = self._readers[model]
-        for group, row in newest.items():
-            group.message = reader.message(group, row[at : at + 6])
+        self._readers[model].attach(newest, at)
 
     # -- settle -------------------------------------------------------------------------
 

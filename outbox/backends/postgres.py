@@ -179,10 +179,7 @@ class PostgresBackend(OutboxBackend):
         per_shard: int,
     ) -> Window:
         groups, newest, read, cut = coalesce(model, rows, shards)
-        reader = self._reader(model)
-        message_at = len(model.shard_fields) + 5
-        for group, row in newest.items():
-            group.message = reader.message(group, row[message_at:])
+        self._reader(model).attach(newest, len(model.shard_fields) + 5)
         # A shard cut before a row not yet due was read to its end for now (a window's
         # SQL drops the rows past the cut, so its count may fall short of a full share).
         incomplete = {shard for shard, count in read.items() if count >= per_shard} - cut

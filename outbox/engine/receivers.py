@@ -77,8 +77,11 @@ class ReceiverCalls:
         # Set while a tracer provider is: each message's delivery then has a span.
         self.tracer = tracing.delivery_tracer()
 
-    def send(self, group: Group, retire: Callable[[], bool]) -> bool:
-        """Call the group's receivers with its newest payload.
+    def send(
+        self, group: Group, retire: Callable[[], bool], kwargs: dict[str, Any] | None = None
+    ) -> bool:
+        """Call the group's receivers with its newest payload (`kwargs`: the receivers'
+        keyword arguments, when already made).
 
         Returns True when the group's rows were already deleted, inside the receivers'
         own transaction (transactional receivers); False when the caller must retire
@@ -86,17 +89,13 @@ class ReceiverCalls:
         category with no receiver raises NoReceiver.
         """
         route = self._route(group.category)
-        kwargs = self.model.message_kwargs(group.message)
-        kwargs["using"] = self.using
-        if self.tracer is None:
-            return self._send(route, group, kwargs, retire)
-        with tracing.delivery_span(self.tracer, kwargs, route.category):
-            return self._send(route, group, kwargs, retire)
-
-    def _send(
-        self, route: _Route, group: Group, kwargs: dict[str, Any], retire: Callable[[], bool]
-    ) -> bool:
         message = group.message
+        if kwargs is None:
+            kwargs = self.model.message_kwargs(message)
+            kwargs["using"] = self.using
+            if self.tracer is not None:  # the same send, inside the delivery's span
+                with tracing.delivery_span(self.tracer, kwargs, route.category):
+                    return self.send(group, retire, kwargs)
         timings = self.timings
         if timings is not None:
             timings.clear()
