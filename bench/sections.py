@@ -22,6 +22,7 @@ MODULES = {
     "sustained": "bench.sustained",
     "mariadb": "bench.mariadb",
     "waiting": "bench.waiting",
+    "identity": "bench.identity_floor",
 }
 
 

@@ -36,14 +36,17 @@ def _receive(*row: Any) -> None:
     """The leased loop's receiver: does nothing, like the bench receivers."""
 
 
-def statements() -> tuple[str, str]:
-    """The claim + read statement and the finish statement, for these tables."""
+def statements(identity: bool = False) -> tuple[str, str]:
+    """The claim + read statement and the finish statement, for these tables; with
+    `identity`, each row read also carries its message id, headers and attempts (what
+    a drain must read to give receivers the message's identity)."""
     from outbox.models import RegionOutbox, ShardLease
 
     outbox, lease = RegionOutbox._meta.db_table, ShardLease._meta.db_table
+    more = ", message_id, headers, attempts" if identity else ""
     claim = (
         "WITH due AS ("
-        "  SELECT id, shard_scope, shard_identifier, category, object_identifier, payload"
+        f"  SELECT id, shard_scope, shard_identifier, category, object_identifier, payload{more}"
         f'  FROM "{outbox}" WHERE scheduled_for <= now()'
         "  ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
         "), won AS ("
@@ -55,7 +58,8 @@ def statements() -> tuple[str, str]:
         "  RETURNING shard_scope, shard_identifier"
         ") SELECT due.id, due.shard_scope, due.shard_identifier, due.category,"
         "  due.object_identifier, due.payload"
-        " FROM due JOIN won USING (shard_scope, shard_identifier) ORDER BY due.id"
+        + more.replace(", ", ", due.")
+        + " FROM due JOIN won USING (shard_scope, shard_identifier) ORDER BY due.id"
     )
     finish = (
         f'WITH released AS (DELETE FROM "{lease}" WHERE token = %(token)s)'
