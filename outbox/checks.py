@@ -19,6 +19,7 @@ from django.core.checks import ERROR, WARNING, CheckMessage, Error, Tags, regist
 from outbox.categories import OutboxCategory, registry
 from outbox.checks_settings import check_settings
 from outbox.conf import SETTINGS, outbox_settings
+from outbox.engine.failures import max_attempts
 from outbox.exceptions import MetricsUnavailable
 from outbox.inbox import inbox_receivers
 from outbox.metrics.base import metrics_class
@@ -112,9 +113,10 @@ def check_inbox_retention(
         for name in ("INBOX_RETENTION_SECONDS", "LEASE_SECONDS", "BACKOFF_MAX_SECONDS")
     ):
         return []
-    limits = [outbox_settings.MAX_ATTEMPTS]
-    limits += [c.max_attempts() or 0 for c in registry.categories.values()]
-    attempts = max([limit for limit in limits if limit] or [1])
+    # Each category's limit as the drain applies it; 0 (retry for ever) counts as one
+    # back-off, since a failed call rolls its inbox record back with it.
+    limits = [max_attempts(value) for value in registry.categories]
+    attempts = max([limit for limit in limits or [outbox_settings.MAX_ATTEMPTS] if limit] or [1])
     window = outbox_settings.LEASE_SECONDS + outbox_settings.BACKOFF_MAX_SECONDS * attempts
     retention = outbox_settings.INBOX_RETENTION_SECONDS
     if retention >= window:

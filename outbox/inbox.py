@@ -34,8 +34,14 @@ logger = logging.getLogger("outbox.inbox")
 
 _Receiver = TypeVar("_Receiver", bound=Callable[..., Any])
 
-# Inbox receivers by name: the checks and the pruning look for them.
+# Inbox receivers by name (the function each name applies): the checks and the pruning
+# look for them, and a name stays with one function, since its records say what that
+# function applied.
 inbox_receivers: dict[str, Callable[..., Any]] = {}
+
+# The length of InboxRecord.receiver (the model cannot be imported before the apps load;
+# a test keeps the two equal).
+RECEIVER_NAME_LENGTH = 255
 
 PRUNE_SLICE_ROWS = 1000
 
@@ -48,11 +54,15 @@ def inbox_receiver(
 
     `name` identifies the receiver in its records (default: ``module.qualname``): keep
     it when you move or rename the function, or messages applied under the old name
-    are applied again. Returns the connected receiver (call it as the engine does, with
-    ``message_id`` and ``using``).
+    are applied again. Two functions cannot share a name; one function may be connected
+    for several categories (stack the decorator). Returns the connected receiver (call
+    it as the engine does, with ``message_id`` and ``using``).
     """
 
     def decorator(func: _Receiver) -> _Receiver:
+        # Stacked: connect the function itself again, not the other category's wrapper
+        # (which would record the message first and make this one skip it).
+        func = getattr(func, "inbox_applies", func)
         signal_name = getattr(signal, "name", "the signal")
         check_sender(signal_name, func, sender)
         if inspect.iscoroutinefunction(func):
@@ -60,9 +70,7 @@ def inbox_receiver(
                 f"inbox_receiver cannot connect {func.__qualname__}: it is async def, and "
                 "its writes must share the inbox record's transaction. Make it a plain def."
             )
-        key = name or f"{func.__module__}.{func.__qualname__}"
-        if len(key) > 255:  # InboxRecord.receiver's length
-            raise OutboxConfigurationError(f"inbox receiver name {key!r} is over 255 characters.")
+        key = _name(func, name)
 
         @functools.wraps(func)
         def apply_once(*, message_id: Any, using: str, **kwargs: Any) -> Any:
@@ -72,11 +80,27 @@ def inbox_receiver(
                     return None
                 return func(message_id=message_id, using=using, **kwargs)
 
+        apply_once.inbox_applies = func  # type: ignore[attr-defined]
         signal.connect(apply_once, sender=sender, weak=False)
-        inbox_receivers[key] = apply_once
+        inbox_receivers[key] = func
         return apply_once  # type: ignore[return-value]
 
     return decorator
+
+
+def _name(func: Callable[..., Any], name: str | None) -> str:
+    """The receiver's name in its records, refused when too long or another's."""
+    key = name or f"{func.__module__}.{func.__qualname__}"
+    if len(key) > RECEIVER_NAME_LENGTH:
+        raise OutboxConfigurationError(
+            f"inbox receiver name {key!r} is over {RECEIVER_NAME_LENGTH} characters."
+        )
+    if inbox_receivers.get(key, func) is not func:
+        raise OutboxConfigurationError(
+            f"inbox receiver name {key!r} is taken by another receiver: its records would "
+            "make each skip the messages the other applied. Pass a name of its own."
+        )
+    return key
 
 
 def _applied_before(key: str, message_id: Any, using: str) -> bool:

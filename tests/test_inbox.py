@@ -15,7 +15,7 @@ from django.db.models.functions import Now
 from outbox import inbox_receiver, outbox_context
 from outbox.engine import drain_outboxes
 from outbox.exceptions import OutboxConfigurationError
-from outbox.inbox import inbox_receivers, prune_inbox
+from outbox.inbox import RECEIVER_NAME_LENGTH, inbox_receivers, prune_inbox
 from outbox.models import InboxRecord, RegionOutbox, ShardLease
 from outbox.signals import duplicate_skipped, process_region_outbox
 from tests.conftest import committing
@@ -174,6 +174,69 @@ def test_a_retention_shorter_than_redelivery_is_an_error(inbox, settings):
     assert error.hint == "Set OUTBOX_INBOX_RETENTION_SECONDS to at least 3030."
     settings.OUTBOX_INBOX_RETENTION_SECONDS = 3030
     assert not [m for m in run_checks() if m.id == "outbox.E019"]
+
+
+def test_the_retention_check_follows_each_categorys_own_attempt_limit(inbox, settings, monkeypatch):
+    # Every category gives up after 3 attempts whatever OUTBOX_MAX_ATTEMPTS says, so a
+    # message can be redelivered for 3 back-offs, not 10: a retention of 500 s is enough.
+    settings.OUTBOX_MAX_ATTEMPTS = 10
+    settings.OUTBOX_BACKOFF_MAX_SECONDS = 100
+    settings.OUTBOX_LEASE_SECONDS = 30
+    settings.OUTBOX_INBOX_RETENTION_SECONDS = 500
+    monkeypatch.setattr(Category, "max_attempts", lambda self: 3)
+    assert not [m for m in run_checks() if m.id == "outbox.E019"]
+    # One category that never gives up still counts as one back-off.
+    monkeypatch.setattr(
+        Category, "max_attempts", lambda self: 0 if self is Category.AUDIT_EVENT else 3
+    )
+    settings.OUTBOX_INBOX_RETENTION_SECONDS = 300
+    (error,) = [m for m in run_checks() if m.id == "outbox.E019"]
+    assert "(330s" in error.msg and "times 3 attempt(s)" in error.msg
+
+
+def test_one_function_stacked_for_two_categories_applies_the_messages_of_both(calls):
+    def book(sender, object_identifier, **kwargs):
+        Delivery.objects.create(
+            category=sender,
+            shard_identifier=1,
+            object_identifier=object_identifier,
+            payload={},
+            thread="inbox",
+        )
+
+    # As `@inbox_receiver(..., AUDIT_EVENT)` stacked on `@inbox_receiver(..., LEDGER_ENTRY)`.
+    ledger = inbox_receiver(process_region_outbox, sender=Category.LEDGER_ENTRY)(book)
+    audit = inbox_receiver(process_region_outbox, sender=Category.AUDIT_EVENT)(ledger)
+    try:
+        RegionOutboxFactory(shard_identifier=1, object_identifier=1, category=Category.AUDIT_EVENT)
+        RegionOutboxFactory(shard_identifier=2, object_identifier=2, category=Category.LEDGER_ENTRY)
+        drain_outboxes()
+        assert not RegionOutbox.objects.exists()
+        assert sorted(effects()) == [1, 2]  # neither skipped as the other's duplicate
+        assert InboxRecord.objects.count() == 2
+    finally:
+        process_region_outbox.disconnect(ledger, sender=Category.LEDGER_ENTRY)
+        process_region_outbox.disconnect(audit, sender=Category.AUDIT_EVENT)
+        inbox_receivers.pop(f"{book.__module__}.{book.__qualname__}")
+
+
+def test_two_receivers_cannot_share_a_name(inbox):
+    with pytest.raises(OutboxConfigurationError, match=r"'tests\.inbox' is taken"):
+
+        @inbox_receiver(process_region_outbox, sender=Category.LEDGER_ENTRY, name="tests.inbox")
+        def other(**kwargs):
+            pass
+
+    assert inbox_receivers["tests.inbox"] is inbox.inbox_applies
+
+
+def test_the_name_length_is_the_records(settings):
+    field = InboxRecord._meta.get_field("receiver")
+    assert field.max_length == RECEIVER_NAME_LENGTH
+    with pytest.raises(OutboxConfigurationError, match="over 255 characters"):
+        inbox_receiver(process_region_outbox, sender=Category.AUDIT_EVENT, name="x" * 256)(
+            lambda **kwargs: None
+        )
 
 
 def test_an_async_receiver_is_refused():
