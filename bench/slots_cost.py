@@ -2,15 +2,17 @@
 
 The same no-op drains (`drain_outboxes()` in this process until the table is empty, the
 bench's counting receiver) at the default `OUTBOX_CONCURRENCY` and at concurrency 1,
-alternating which goes first round by round, so both see the same machine. Reported
-as seconds per drain (median) and their ratio: 1.00 means the slots cost nothing.
+side by side (`bench.side_by_side`: alternating which goes first round by round, so
+both see the same machine). Reported as seconds per drain (median) and their ratio:
+1.00 means the slots cost nothing.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any
+
+from bench import side_by_side
+from bench.side_by_side import Side
 
 # (one message per shard rows, ordered streams (shards, objects each), rounds)
 MODES = {
@@ -26,62 +28,34 @@ def measure(mode: str) -> dict[str, Any]:
 
     one_per_shard, (shards, objects), rounds = MODES[mode]
     concurrency = outbox_settings.CONCURRENCY
+    one, many = _sides(concurrency)
     results = [
-        _side_by_side(shape, concurrency, rounds)
+        {
+            **side_by_side.compare(
+                f"{shape.title}, {shape.rows:,} rows",
+                side_by_side.no_op_drain(shape),
+                "OUTBOX_CONCURRENCY",
+                one,
+                many,
+                rounds,
+            ),
+            "rows": shape.rows,
+        }
         for shape in (shapes.audit_log(one_per_shard), shapes.ordered_streams(shards, objects))
     ]
     return {"concurrency": concurrency, "rounds": rounds, "shapes": results}
 
 
-def _side_by_side(shape: Any, concurrency: int, rounds: int) -> dict[str, Any]:
-    seconds: dict[int, list[float]] = {1: [], concurrency: []}
-    for setting in seconds:  # warm up, unmeasured: connections, statements, caches
-        _drain(shape, setting)
-    for round_ in range(rounds):
-        order = (1, concurrency) if round_ % 2 == 0 else (concurrency, 1)
-        for setting in order:
-            seconds[setting].append(_drain(shape, setting))
-    one, many = statistics.median(seconds[1]), statistics.median(seconds[concurrency])
-    return {
-        "title": f"{shape.title}, {shape.rows:,} rows",
-        "rows": shape.rows,
-        "concurrency_1_s": one,
-        "concurrency_n_s": many,
-        "runs_1_s": seconds[1],
-        "runs_n_s": seconds[concurrency],
-        "ratio": many / one if one else None,
-    }
-
-
-def _drain(shape: Any, concurrency: int) -> float:
-    from django.test import override_settings
-
-    from bench.db import load_shape, outbox_rows, reset
-    from outbox.engine import drain_outboxes
-
-    reset()
-    load_shape(shape)
-    with override_settings(OUTBOX_CONCURRENCY=concurrency):
-        started = time.perf_counter()
-        while outbox_rows():
-            drain_outboxes()
-        return time.perf_counter() - started
+def _sides(concurrency: int) -> tuple[Side, Side]:
+    """Concurrency 1, the reference, and the default."""
+    return (
+        Side(1, "concurrency_1_s", "runs_1_s", "concurrency 1 (s)"),
+        Side(concurrency, "concurrency_n_s", "runs_n_s", f"concurrency {concurrency} (s)"),
+    )
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
     n = result["concurrency"]
-    lines = [
-        f"No-op receivers, concurrency {n} (the default) against 1, side by side: "
-        "`drain_outboxes()` in this process until the table is empty, alternating which "
-        f"goes first; seconds per drain, median of {result['rounds']}.",
-        "",
-        f"| shape | concurrency 1 (s) | concurrency {n} (s) | {n} ÷ 1 |",
-        "|---|---|---|---|",
-    ]
-    for shape in result["shapes"]:
-        ratio = f"{shape['ratio']:.2f}" if shape["ratio"] is not None else "-"
-        lines.append(
-            f"| {shape['title']} | {shape['concurrency_1_s']:.3f} "
-            f"| {shape['concurrency_n_s']:.3f} | **{ratio}** |"
-        )
-    return lines
+    return side_by_side.markdown(
+        f"No-op receivers, concurrency {n} (the default) against 1", result, *_sides(n), f"{n} ÷ 1"
+    )

@@ -2,20 +2,22 @@
 
 The same drains (`drain_outboxes()` in this process until the table is empty) at the
 default bound and at `LOOSE_SECONDS`, which leaves the batches of receivers that wait
-about as long as before the bound existed (a second each), alternating which goes first
-round by round so both see the same machine. Two shapes whose receivers wait (sync
-10 ms at concurrency 32: one shard after another, and 20 messages per shard), whose
-claims the bound shortens, and the two no-op shapes of `bench.slots_cost`,
-which it should leave alone. Reported as seconds per drain (median) and their ratio:
-1.00 means the bound costs nothing.
+about as long as before the bound existed (a second each), side by side
+(`bench.side_by_side`: alternating which goes first round by round, so both see the
+same machine). Two shapes whose receivers wait (sync 10 ms at concurrency 32: one shard
+after another, and 20 messages per shard), whose claims the bound shortens, and the two
+no-op shapes of `bench.slots_cost`, which it should leave alone. Reported as seconds per
+drain (median) and their ratio: 1.00 means the bound costs nothing.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
+
+from bench import side_by_side
+from bench.side_by_side import Side
 
 LOOSE_SECONDS = 2.0
 WAITING_PLANS = ("sync_c32", "ordered_c32")
@@ -23,55 +25,41 @@ ROUNDS = {"smoke": 1, "quick": 3, "full": 5}
 
 
 def measure(mode: str) -> dict[str, Any]:
-    from bench import shapes, slots_cost, waiting
+    from bench import shapes, slots_cost, waiting_plans
     from outbox.conf import outbox_settings
 
     default = outbox_settings.UNSETTLED_SECONDS
     rounds = ROUNDS[mode]
-    waiting_plans = [plan for plan in waiting.plans(mode) if plan.name in WAITING_PLANS]
+    loose, bounded = _sides(default, LOOSE_SECONDS)
+    waiting = [plan for plan in waiting_plans.plans(mode) if plan.name in WAITING_PLANS]
     one_per_shard, (shards, objects), _ = slots_cost.MODES[mode]
     no_op = (shapes.audit_log(one_per_shard), shapes.ordered_streams(shards, objects))
-    runs = [
+    drains = [
+        *((plan.title, _waiting_drain(plan)) for plan in waiting),
         *(
-            _side_by_side(plan.title, _waiting_drain(plan), default, rounds)
-            for plan in waiting_plans
-        ),
-        *(
-            _side_by_side(
-                f"{shape.title}, {shape.rows:,} rows, no-op", _no_op_drain(shape), default, rounds
-            )
+            (f"{shape.title}, {shape.rows:,} rows, no-op", side_by_side.no_op_drain(shape))
             for shape in no_op
         ),
+    ]
+    runs = [
+        side_by_side.compare(title, drain, "OUTBOX_UNSETTLED_SECONDS", loose, bounded, rounds)
+        for title, drain in drains
     ]
     return {"default_s": default, "loose_s": LOOSE_SECONDS, "rounds": rounds, "shapes": runs}
 
 
-def _side_by_side(
-    title: str, drain: Callable[[], float], default: float, rounds: int
-) -> dict[str, Any]:
-    from django.test import override_settings
-
-    seconds: dict[float, list[float]] = {default: [], LOOSE_SECONDS: []}
-    for bound in seconds:  # warm up, unmeasured
-        with override_settings(OUTBOX_UNSETTLED_SECONDS=bound):
-            drain()
-    for round_ in range(rounds):
-        order = (default, LOOSE_SECONDS) if round_ % 2 == 0 else (LOOSE_SECONDS, default)
-        for bound in order:
-            with override_settings(OUTBOX_UNSETTLED_SECONDS=bound):
-                seconds[bound].append(drain())
-    bounded, loose = statistics.median(seconds[default]), statistics.median(seconds[LOOSE_SECONDS])
-    return {
-        "title": title,
-        "bounded_s": bounded,
-        "loose_s": loose,
-        "runs_bounded_s": seconds[default],
-        "runs_loose_s": seconds[LOOSE_SECONDS],
-        "ratio": bounded / loose if loose else None,
-    }
+def _sides(default: float, loose: float) -> tuple[Side, Side]:
+    """The loose bound, the reference, and the default one."""
+    return (
+        Side(loose, "loose_s", "runs_loose_s", f"{loose:g} s (s)"),
+        Side(default, "bounded_s", "runs_bounded_s", f"{default:g} s (s)"),
+    )
 
 
 def _waiting_drain(plan: Any) -> Callable[[], float]:
+    """A drain of a `bench.waiting_plans` shape: its rows loaded, then `drain_outboxes()`
+    at its concurrency in this process until none is left."""
+
     def drain() -> float:
         from bench import waiting_receivers
         from bench.waiting_runs import left, load
@@ -89,36 +77,11 @@ def _waiting_drain(plan: Any) -> Callable[[], float]:
     return drain
 
 
-def _no_op_drain(shape: Any) -> Callable[[], float]:
-    def drain() -> float:
-        from bench.db import load_shape, outbox_rows, reset
-        from outbox.engine import drain_outboxes
-
-        reset()
-        load_shape(shape)
-        started = time.perf_counter()
-        while outbox_rows():
-            drain_outboxes()
-        return time.perf_counter() - started
-
-    return drain
-
-
 def markdown(result: dict[str, Any]) -> list[str]:
     default, loose = result["default_s"], result["loose_s"]
-    lines = [
+    what = (
         f"The bound on unsettled work, `OUTBOX_UNSETTLED_SECONDS` = {default:g} (the default) "
         f"against {loose:g} (batches of receivers that wait about as long as before the "
-        "bound), side by side: `drain_outboxes()` in this process until the table is "
-        f"empty, alternating which goes first; seconds per drain, median of {result['rounds']}.",
-        "",
-        f"| shape | {loose:g} s (s) | {default:g} s (s) | bounded ÷ loose |",
-        "|---|---|---|---|",
-    ]
-    for shape in result["shapes"]:
-        ratio = f"{shape['ratio']:.2f}" if shape["ratio"] is not None else "-"
-        lines.append(
-            f"| {shape['title']} | {shape['loose_s']:.3f} | {shape['bounded_s']:.3f} "
-            f"| **{ratio}** |"
-        )
-    return lines
+        "bound)"
+    )
+    return side_by_side.markdown(what, result, *_sides(default, loose), "bounded ÷ loose")

@@ -1,7 +1,8 @@
 """Receivers that wait: how the drain's concurrency turns receivers that wait on the
 network (here: a sleep) into throughput, on PostgreSQL.
 
-Each shape (`bench.waiting_runs.Plan`) is loaded, then drained by one-shot
+Each shape (`bench.waiting_runs.Plan`; the shapes of each mode, their sizes and goals
+in `bench.waiting_plans`) is loaded, then drained by one-shot
 `drain_outboxes(concurrency=N)` calls in fresh worker processes released together
 (`bench.workers`), timed from the first drain's start to the last one's end. Every
 message is its own object (nothing coalesces), so every message is one call, and the
@@ -34,118 +35,16 @@ import contextlib
 import os
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from bench import waiting_report
 from bench.slots_cost import measure as measure_slots_cost
 from bench.unsettled_cost import measure as measure_unsettled_cost
+from bench.waiting_plans import HUNG_GOAL_S, MODES, PROCESS_GOAL, PROCRASTINATE_GOAL, plans
 from bench.waiting_runs import Plan, SettleWatch, left, load, tally
 
 TITLE = "Receivers that wait (concurrency, async receivers, a hung call)"
 markdown = waiting_report.markdown
-
-HUNG_GOAL_S = 2.0  # every other shard settled within this long of the drain's start
-PROCESS_GOAL = 0.75  # N processes at concurrency 1: at least 0.75 x N times one process
-PROCRASTINATE_GOAL = 2.0  # ours at concurrency 32 over procrastinate's worker at 32
-
-
-@dataclass(frozen=True)
-class Sizes:
-    sync: tuple[int, int]  # shards, messages per shard of the sync shapes
-    async_shards: int  # one message each
-    ordered_shards: int  # 20 messages each
-    hung_shards: int  # 2 messages each
-    hang_s: float  # how long the hung call waits
-    timeout_s: float  # OUTBOX_RECEIVER_TIMEOUT_SECONDS of the hung shape's drain
-    processes: int  # one-shot drains at once, against one
-    rounds: int  # each shape's median of this many runs (the hung one: one run)
-    budget_s: float  # seconds a drain may take
-
-
-MODES = {
-    "smoke": Sizes((20, 10), 200, 10, 20, 3.0, 1.0, 2, 1, 30.0),
-    "quick": Sizes((200, 10), 2_000, 100, 100, 30.0, 5.0, 4, 1, 90.0),
-    "full": Sizes((200, 10), 2_000, 100, 100, 30.0, 5.0, 4, 3, 90.0),
-}
-
-
-def plans(mode: str) -> list[Plan]:
-    """Every shape of `mode`, in the order they run."""
-    return [*_sync_plans(MODES[mode]), *_other_plans(MODES[mode])]
-
-
-def _sync_plans(sizes: Sizes) -> list[Plan]:
-    """The sync 10 ms shapes of the same messages: concurrency 32, the default, 1, and
-    concurrency 1 in several processes; procrastinate's worker at 32."""
-    from outbox.conf import outbox_settings
-
-    shards, per_shard = sizes.sync
-    title = f"{shards * per_shard:,} / {shards:,} shards, sync 10 ms"
-    default = outbox_settings.CONCURRENCY
-    same = {"shards": shards, "per_shard": per_shard, "wait_s": 0.01}
-    return [
-        Plan("sync_c32", f"{title}, concurrency 32", concurrency=32, goal=0.7, **same),
-        Plan(
-            "sync_default",
-            f"{title}, default concurrency ({default})",
-            concurrency=default,
-            default_concurrency=True,
-            **same,
-        ),
-        Plan("sync_c1", f"{title}, concurrency 1", concurrency=1, **same),
-        Plan(
-            "sync_c1_processes",
-            f"{title}, concurrency 1, {sizes.processes} processes",
-            concurrency=1,
-            processes=sizes.processes,
-            **same,
-        ),
-        Plan(
-            "procrastinate_c32",
-            f"procrastinate: {shards * per_shard:,} jobs, sync 10 ms, worker concurrency 32",
-            concurrency=32,
-            procrastinate=True,
-            **same,
-        ),
-    ]
-
-
-def _other_plans(sizes: Sizes) -> list[Plan]:
-    """The async shape, the ordered one and the hung one."""
-    shards, ordered, hung = sizes.async_shards, sizes.ordered_shards, sizes.hung_shards
-    return [
-        Plan(
-            "async_c200",
-            f"{shards:,} / {shards:,} shards, async 50 ms, concurrency 200",
-            shards,
-            1,
-            0.05,
-            200,
-            asynchronous=True,
-            goal=0.6,
-        ),
-        Plan(
-            "ordered_c32",
-            f"{ordered * 20:,} / {ordered} shards (20 each), sync 10 ms, concurrency 32",
-            ordered,
-            20,
-            0.01,
-            32,
-            goal=0.7,
-        ),
-        Plan(
-            "hung_c8",
-            f"{hung * 2:,} / {hung} shards, sync 10 ms, one call hung {sizes.hang_s:.0f} s, "
-            "concurrency 8",
-            hung,
-            2,
-            0.01,
-            8,
-            hang_s=sizes.hang_s,
-            timeout_s=sizes.timeout_s,
-        ),
-    ]
 
 
 def measure(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
