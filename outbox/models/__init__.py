@@ -11,9 +11,9 @@ from outbox.models.outbox import (
     OutboxBase,
     OutboxQuerySet,
     RegionOutbox,
-    WritePath,
     outbox_models,
 )
+from outbox.models.write_path import WritePath
 
 __all__ = [
     "ControlOutbox",

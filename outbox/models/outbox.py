@@ -9,7 +9,7 @@ engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from django.apps import apps
@@ -20,44 +20,15 @@ from django.dispatch import Signal
 from outbox.columns import RandomUUID, new_message_id
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.models.validation import validate_message
+from outbox.models.write_path import WritePath
 from outbox.shards import ShardKey
 from outbox.signals import process_control_outbox, process_region_outbox
+from outbox.tracing import with_trace_context
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 _Row = TypeVar("_Row", bound="OutboxBase")
-
-
-class WritePath:
-    """How validated outbox rows reach the database; this default writes them at once.
-
-    `save` gets the row, its database, its payload as checked JSON text, a callable doing
-    Django's own save, and whether the row may be held (a plain insert of a new row).
-    `bulk_create` gets the rows, their payload texts and a callable doing Django's own
-    bulk insert, and returns the rows. An implementation must write every row exactly
-    once, and the row must end up as Django's own save would leave it.
-    """
-
-    def save(
-        self,
-        row: OutboxBase,
-        using: str,
-        payload_json: str,
-        save_now: Callable[[], None],
-        can_hold: bool,
-    ) -> None:
-        save_now()
-
-    def bulk_create(
-        self,
-        rows: list[_Row],
-        using: str,
-        payloads_json: list[str],
-        create_now: Callable[[], list[_Row]],
-        can_hold: bool,
-    ) -> list[_Row]:
-        return create_now()
 
 
 class OutboxQuerySet(models.QuerySet[_Row]):
@@ -91,7 +62,7 @@ class OutboxQuerySet(models.QuerySet[_Row]):
     def bulk_create(self, objs: Iterable[_Row], *args: Any, **kwargs: Any) -> list[_Row]:
         """Insert many rows in one statement, validating every one of them first."""
         rows = list(objs)
-        payloads = [row.validate_message() for row in rows]
+        payloads = [row.prepare_to_write() for row in rows]
         return self.model.write_path.bulk_create(
             rows,
             self.db,
@@ -176,7 +147,7 @@ class OutboxBase(models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Validate, then save as `Model.save` does, through the table's write path."""
-        payload_json = self.validate_message()
+        payload_json = self.prepare_to_write()
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
         kwargs["using"] = using
         self.write_path.save(
@@ -226,6 +197,12 @@ class OutboxBase(models.Model):
         """Raise InvalidOutboxMessage if this row must not be written; else return the
         payload as the JSON text the field's encoder makes of it."""
         return validate_message(self)
+
+    def prepare_to_write(self) -> str:
+        """Stamp the current span's trace context into the headers (see
+        `outbox.tracing`), then validate the row; returns the payload's JSON text."""
+        self.headers = with_trace_context(self.headers)
+        return self.validate_message()
 
     @classmethod
     def message_kwargs(cls, message: Any) -> dict[str, Any]:

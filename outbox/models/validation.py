@@ -18,7 +18,6 @@ from django.core.serializers.json import DjangoJSONEncoder
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.exceptions import InvalidOutboxMessage
-from outbox.tracing import with_trace_context
 
 if TYPE_CHECKING:
     from outbox.models.outbox import OutboxBase
@@ -48,7 +47,6 @@ def validate_message(row: OutboxBase) -> str:
     for field in texts:
         _check_text(row, field)
     registry.check_pair(row.shard_scope, row.category)
-    row.headers = with_trace_context(row.headers)
     if row.headers is not None:
         _check_headers(row.headers)
     return _check_payload(row)

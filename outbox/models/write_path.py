@@ -1,0 +1,47 @@
+"""The seam between an outbox row's save and the write path that writes it.
+
+A row validates itself, then hands its save (or a queryset its bulk insert) to
+`OutboxBase.write_path`: this default writes at once; the app installs the write path of
+`outbox.writes` when it is ready, so this layer never imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from outbox.models.outbox import OutboxBase
+
+_Row = TypeVar("_Row", bound="OutboxBase")
+
+
+class WritePath:
+    """How validated outbox rows reach the database; this default writes them at once.
+
+    `save` gets the row, its database, its payload as checked JSON text, a callable doing
+    Django's own save, and whether the row may be held (a plain insert of a new row).
+    `bulk_create` gets the rows, their payload texts and a callable doing Django's own
+    bulk insert, and returns the rows. An implementation must write every row exactly
+    once, and the row must end up as Django's own save would leave it.
+    """
+
+    def save(
+        self,
+        row: OutboxBase,
+        using: str,
+        payload_json: str,
+        save_now: Callable[[], None],
+        can_hold: bool,
+    ) -> None:
+        save_now()
+
+    def bulk_create(
+        self,
+        rows: list[_Row],
+        using: str,
+        payloads_json: list[str],
+        create_now: Callable[[], list[_Row]],
+        can_hold: bool,
+    ) -> list[_Row]:
+        return create_now()
