@@ -2,9 +2,9 @@
 flush hook is `flush_shards`; both deliver through the per-table `Drainer`."""
 
 from outbox.engine.drain import drain_outboxes, flush_shards
-from outbox.engine.rounds import DrainStats
+from outbox.engine.rounds import DrainOutcome, DrainStats, StopRequest
 from outbox.engine.table import Drainer
-from outbox.engine.worker import DrainOutcome, DrainWorker, StopRequest
+from outbox.engine.worker import DrainWorker
 from outbox.models import outbox_models
 
 __all__ = [

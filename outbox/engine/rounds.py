@@ -163,3 +163,21 @@ def done_shards(
         for key in active
         if (key not in window.incomplete or key in reached) and key not in failed
     ]
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A stop request as the waiting thread saw it."""
+
+    signum: int | None  # None: `request_stop()` / `stop_all()` without a signal
+    forced: bool  # a second request: stop waiting for the receiver in flight
+    elapsed: float  # seconds since the first request
+
+
+@dataclass
+class DrainOutcome:
+    """What a run did; `abandoned` when it stopped waiting for a running receiver."""
+
+    stats: DrainStats = field(default_factory=DrainStats)
+    abandoned: bool = False
+    stop: StopRequest | None = None  # the latest stop request, if any

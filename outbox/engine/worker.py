@@ -21,7 +21,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import ClassVar
 
@@ -29,7 +28,7 @@ from django.db import InterfaceError, OperationalError, connections, router
 
 from outbox.conf import outbox_settings
 from outbox.engine.drain import drain_outboxes
-from outbox.engine.rounds import DrainStats
+from outbox.engine.rounds import DrainOutcome, DrainStats, StopRequest
 from outbox.engine.slots import SlotPool, kept_slots
 from outbox.engine.table import Drainer
 from outbox.engine.wakeup import StopEvent, Waiter
@@ -41,24 +40,6 @@ logger = logging.getLogger("outbox.engine")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _POLL_SECONDS = 0.05
-
-
-@dataclass(frozen=True)
-class StopRequest:
-    """A stop request as the waiting thread saw it."""
-
-    signum: int | None  # None: `request_stop()` / `stop_all()` without a signal
-    forced: bool  # a second request: stop waiting for the receiver in flight
-    elapsed: float  # seconds since the first request
-
-
-@dataclass
-class DrainOutcome:
-    """What a run did; `abandoned` when it stopped waiting for a running receiver."""
-
-    stats: DrainStats = field(default_factory=DrainStats)
-    abandoned: bool = False
-    stop: StopRequest | None = None  # the latest stop request, if any
 
 
 class DrainWorker:
@@ -87,6 +68,7 @@ class DrainWorker:
         on_stop: Callable[[StopRequest], None] | None = None,
         heartbeat_every: float = 0.0,
         on_heartbeat: Callable[[DrainStats, float], None] | None = None,
+        on_round: Callable[[], None] | None = None,
         concurrency: int | None = None,
     ) -> None:
         self.models = list(models) if models else None  # None: every table, found at run
@@ -103,6 +85,8 @@ class DrainWorker:
         # with the running totals: a long-running loop says it is alive.
         self.heartbeat_every = heartbeat_every
         self.on_heartbeat = on_heartbeat
+        # Called from the drain thread after each round, busy or idle (a liveness file).
+        self.on_round = on_round
         self._total = DrainStats()
         # A fan-out task's shards of its one table; their reservation is given back first.
         self.shards = list(shards) if shards is not None else None
@@ -263,6 +247,8 @@ class DrainWorker:
                     slice_end = min(slice_end or deadline, deadline)
                 stats = self._drain_round(slice_end, slots)
                 total.add(stats)
+                if self.on_round is not None:
+                    self.on_round()
                 cut_short = slice_end is not None and time.monotonic() >= slice_end
                 if cut_short and stats.shards and self.on_progress is not None:
                     self.on_progress(total, time.monotonic() - started)

@@ -7,6 +7,7 @@ lease expires); 5 when more receiver calls than OUTBOX_MAX_STUCK_RECEIVERS ran p
 OUTBOX_RECEIVER_TIMEOUT_SECONDS and are still running (restart the process).
 SIGTERM/SIGINT stop it gracefully, a second one at once
 (`outbox.engine.worker.DrainWorker`). It refuses to run inside an open transaction.
+`--liveness-file` keeps a file fresh for a liveness probe (`outbox.management.liveness`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from outbox.exceptions import DrainInTransaction, InvalidOutboxMessage, StuckRec
 from outbox.health import backlog
 from outbox.inbox import inbox_databases, inbox_receivers, prune_inbox
 from outbox.management.arguments import database_alias, outbox_table, positive_int
+from outbox.management.liveness import LivenessFile
 from outbox.metrics import record_backlog
 
 logger = logging.getLogger("outbox.engine")
@@ -32,6 +34,8 @@ logger = logging.getLogger("outbox.engine")
 FAILED_EXIT_STATUS = 3
 ABANDONED_EXIT_STATUS = 4
 STUCK_EXIT_STATUS = 5
+# The longest a round runs with --liveness-file and --progress-every 0.
+LIVENESS_SLICE_SECONDS = 5.0
 
 
 class Command(BaseCommand):
@@ -71,6 +75,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--max-seconds", type=float, default=None, help="Stop after this long.")
         parser.add_argument(
+            "--liveness-file",
+            default=None,
+            metavar="PATH",
+            help="Touch this file after every drain round and remove it on exit, for a "
+            "liveness probe that checks its age.",
+        )
+        parser.add_argument(
             "--progress-every",
             type=float,
             default=5.0,
@@ -80,20 +91,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         self.verbosity = options["verbosity"]
         self.using = database_alias(options["database"])
-        worker = DrainWorker(
-            [outbox_table(label) for label in options["table"]],
-            using=self.using,
-            scopes=self._scopes(options["scope"]),
-            identifiers=options["shard"] or None,
-            loop=options["loop"],
-            max_seconds=options["max_seconds"],
-            progress_every=options["progress_every"],
-            on_progress=self._progress,
-            on_stop=self._stopping,
-            heartbeat_every=outbox_settings.HEARTBEAT_SECONDS if options["loop"] else 0.0,
-            on_heartbeat=self._heartbeat,
-            concurrency=options["concurrency"],
-        )
+        path = options["liveness_file"]
+        liveness = LivenessFile(path) if path else None
+        worker = self._worker(options, liveness)
         try:
             with worker.handling_signals():
                 outcome = worker.run()
@@ -101,7 +101,31 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         except StuckReceivers as exc:
             raise CommandError(str(exc), returncode=STUCK_EXIT_STATUS) from exc
+        finally:
+            if liveness is not None:
+                liveness.remove()
         self._finish(outcome)
+
+    def _worker(self, options: dict[str, Any], liveness: LivenessFile | None) -> DrainWorker:
+        progress_every = options["progress_every"]
+        # A liveness file is touched between rounds: keep rounds short even where no
+        # progress line is wanted, or a long backlog would read as a stuck drain.
+        slices = progress_every or (LIVENESS_SLICE_SECONDS if liveness else 0.0)
+        return DrainWorker(
+            [outbox_table(label) for label in options["table"]],
+            using=self.using,
+            scopes=self._scopes(options["scope"]),
+            identifiers=options["shard"] or None,
+            loop=options["loop"],
+            max_seconds=options["max_seconds"],
+            progress_every=slices,
+            on_progress=self._progress if progress_every else None,
+            on_stop=self._stopping,
+            heartbeat_every=outbox_settings.HEARTBEAT_SECONDS if options["loop"] else 0.0,
+            on_heartbeat=self._heartbeat,
+            on_round=liveness.touch if liveness else None,
+            concurrency=options["concurrency"],
+        )
 
     def _finish(self, outcome: DrainOutcome) -> None:
         if outcome.abandoned:
