@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.connection import ConnectionDoesNotExist
 
 
 class OutboxError(Exception):
@@ -29,6 +30,23 @@ class MetricsUnavailable(OutboxConfigurationError):
 
 class InvalidOutboxMessage(OutboxError, ValueError):
     """An outbox row was refused before anything was written."""
+
+
+class UnknownDatabase(OutboxError, ConnectionDoesNotExist):
+    """A database alias that DATABASES does not have, given to a reader of the backlog
+    (`outbox.health`, `outbox.status`); the message names it and the aliases configured,
+    as `manage.py outbox_status --database` says. Still a Django
+    `ConnectionDoesNotExist`."""
+
+    def __init__(self, alias: str, configured: list[str]) -> None:
+        super().__init__(f"Unknown database {alias!r} (DATABASES has {configured}).")
+        self.alias = alias
+        self.configured = configured
+
+
+class InvalidThreshold(OutboxError, ValueError):
+    """An `outbox.health.Thresholds` limit that is negative or not a number (a count
+    that is not a whole number): refused when the Thresholds is made."""
 
 
 class OutboxContextRequired(OutboxError):

@@ -4,32 +4,56 @@
 outbox_status --max-lag/--max-dead/--max-expired` exits non-zero on them, and
 `outbox.integrations.health_check.OutboxHealthCheck` reports them to
 django-health-check. `backlog()` is the one-line figure the drain loop's heartbeat logs.
+
+They refuse what `outbox_status` refuses: a database alias DATABASES does not have
+(`outbox.exceptions.UnknownDatabase`, naming it and the configured ones), and a
+threshold below 0 or not a number (`outbox.exceptions.InvalidThreshold`, a ValueError,
+as the Thresholds is made).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from numbers import Integral, Real
 from typing import Any
 
+from outbox.exceptions import InvalidThreshold
 from outbox.models import OutboxBase, outbox_models
-from outbox.status import table_status
+from outbox.status import known_database, table_status
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Limits past which the outboxes are unhealthy; None: not checked."""
+    """Limits past which the outboxes are unhealthy; None: not checked. Each is 0 or
+    more: seconds for the lag, whole numbers for the counts (InvalidThreshold else)."""
 
     max_lag_seconds: float | None = None
     max_dead: int | None = None
     max_expired: int | None = None
+
+    def __post_init__(self) -> None:
+        for limit in fields(self):
+            value = getattr(self, limit.name)
+            if value is None:
+                continue
+            seconds = limit.name == "max_lag_seconds"
+            kind = Real if seconds else Integral
+            if isinstance(value, kind) and not isinstance(value, bool) and float(value) >= 0:
+                continue  # NaN is not >= 0
+            what = "a number of seconds" if seconds else "a whole number"
+            raise InvalidThreshold(
+                f"Thresholds.{limit.name} must be {what}, 0 or more (or None: not "
+                f"checked), not {value!r}"
+            )
 
 
 def statuses(
     using: str | None = None, models: Sequence[type[OutboxBase]] | None = None
 ) -> list[dict[str, Any]]:
     """`table_status` of every outbox table (or of `models`)."""
-    return [table_status(model, using) for model in models or outbox_models()]
+    alias = known_database(using)
+    return [table_status(model, alias) for model in models or outbox_models()]
 
 
 def problems(tables: Sequence[dict[str, Any]], thresholds: Thresholds) -> list[str]:

@@ -8,6 +8,9 @@ or not yet cleaned up, backing off after a failure), plus the worst shards (most
 attempts) with their last error. A table costs a fixed number of aggregate queries
 whatever its size; lease states come from `ShardLease.objects` (held, expired,
 backing_off) and dead letters from the outbox QuerySet (`pending()`, `dead()`).
+
+A database alias that DATABASES does not have raises `outbox.exceptions.UnknownDatabase`
+naming it and the configured ones, as `manage.py outbox_status --database` says.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Count, Max, Min, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from outbox.categories import registry
+from outbox.exceptions import UnknownDatabase
 from outbox.models import OutboxBase, ShardLease
 
 # Failing or dead shards listed per table, worst (most attempts) first.
@@ -29,7 +34,7 @@ WORST_SHARDS = 5
 
 def table_status(model: type[OutboxBase], using: str | None = None) -> dict[str, Any]:
     """The status of one outbox table as JSON-friendly values (see the module doc)."""
-    alias = using or model._default_manager.db
+    alias = known_database(using) or model._default_manager.db
     manager = model._default_manager.using(alias)
     pending = manager.pending()
     now = timezone.now()
@@ -51,6 +56,14 @@ def table_status(model: type[OutboxBase], using: str | None = None) -> dict[str,
         "scopes": scopes,
         "worst_shards": _worst_shards(model, manager),
     }
+
+
+def known_database(alias: str | None) -> str | None:
+    """`alias` if DATABASES has it, else UnknownDatabase (None stays None: each table's
+    own database)."""
+    if alias is not None and alias not in settings.DATABASES:
+        raise UnknownDatabase(alias, list(settings.DATABASES))
+    return alias
 
 
 def _counts() -> dict[str, Any]:

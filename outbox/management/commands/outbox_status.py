@@ -14,6 +14,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from outbox.exceptions import InvalidThreshold
 from outbox.health import Thresholds, problems, statuses
 from outbox.management.arguments import database_alias
 
@@ -44,15 +45,17 @@ class Command(BaseCommand):
         for name in ("max_lag", "max_dead", "max_expired"):
             if options[name] is not None and options[name] < 0:
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative.")
+        try:
+            thresholds = Thresholds(options["max_lag"], options["max_dead"], options["max_expired"])
+        except InvalidThreshold as exc:  # NaN: argparse's float takes it
+            raise CommandError(str(exc)) from exc
         tables = statuses(alias)
         if options["json"]:
             self.stdout.write(json.dumps(tables, indent=2))
         else:
             for table in tables:
                 self._show(table)
-        found = problems(
-            tables, Thresholds(options["max_lag"], options["max_dead"], options["max_expired"])
-        )
+        found = problems(tables, thresholds)
         if found:
             raise CommandError("; ".join(found), returncode=UNHEALTHY_EXIT_STATUS)
 
