@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import DatabaseError, close_old_connections
 
 from outbox.categories import registry
 from outbox.conf import outbox_settings
@@ -159,8 +159,10 @@ class Command(BaseCommand):
             if inbox_receivers:  # old records, a second's worth of slices at most
                 for using in [self.using] if self.using else inbox_databases():
                     prune_inbox(using, seconds=1.0)
-        except DatabaseError:  # the loop itself reconnects; the heartbeat says so
+        except DatabaseError:  # the drain thread reconnects by itself; this thread too:
+            # a connection found broken is closed, so the next heartbeat opens a new one.
             logger.warning("outbox heartbeat could not read the backlog", exc_info=True)
+            close_old_connections()
             figures = "unknown (database unreachable)"
         line = (
             f"outbox drain alive: {total.rows_retired} rows retired in {elapsed:.0f}s "
