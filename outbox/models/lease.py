@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import models
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 
 from outbox.shards import ShardKey
@@ -22,7 +23,8 @@ class ShardLeaseQuerySet(models.QuerySet[Any]):
     - held: a worker holds the shard (token set) and the lease has not expired;
     - backing_off: no holder, the shard waits out a failure's back-off;
     - expired: the lease or back-off is over, so the shard may be claimed again;
-    - live: held or backing off (the shard may not be claimed now).
+    - live: held or backing off (the shard may not be claimed now);
+    - not_held: backing off or expired (no live worker holds the shard).
     """
 
     def _where(self, **lookups: Any) -> Self:
@@ -47,6 +49,17 @@ class ShardLeaseQuerySet(models.QuerySet[Any]):
 
     def expired(self) -> Self:
         return self._where(expires_at__lte=Now())
+
+    def not_held(self) -> Self:
+        return cast("Self", self.filter(Q(token__isnull=True) | Q(expires_at__lte=Now())))
+
+    def of_shards_of(self, rows: QuerySet[Any], *, having: bool = True) -> Self:
+        """The leases of the table of `rows` whose shard has a row in `rows`
+        (`having=False`: has none)."""
+        model = rows.model
+        same_shard = {field: OuterRef(field) for field in model.shard_fields}
+        found = Exists(rows.filter(**same_shard))
+        return cast("Self", self.of(model).filter(found if having else ~found))
 
     def of_shard(self, key: ShardKey) -> Self:
         return self._where(

@@ -13,12 +13,13 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from django.apps import apps
-from django.db import models, router
+from django.db import models, router, transaction
 from django.db.models.functions import Now
 from django.dispatch import Signal
 
 from outbox.columns import RandomUUID, new_message_id
 from outbox.exceptions import InvalidOutboxMessage
+from outbox.models.lease import ShardLease
 from outbox.models.validation import validate_message
 from outbox.models.write_path import WritePath
 from outbox.shards import ShardKey
@@ -55,8 +56,17 @@ class OutboxQuerySet(models.QuerySet[_Row]):
         )
 
     def discard(self) -> int:
-        """Delete the rows of this selection for good; returns how many."""
-        deleted, _ = self.delete()
+        """Delete the rows of this selection for good; returns how many. So do the leases
+        (a back-off, a dead worker's) of their shards left with no pending row and held
+        by no live worker: no drain claims such a shard, so none would remove them."""
+        # Where `delete()` deletes: the `using()` given, else the router's write database.
+        using = self.select_for_update().db
+        left = OutboxQuerySet(self.model, using=using).pending().exclude(pk__in=self.values("pk"))
+        leases = ShardLease.objects.using(using).not_held().of_shards_of(self)
+        with transaction.atomic(using=using):
+            # First: the leases are found through the rows.
+            leases.of_shards_of(left, having=False).delete()
+            deleted, _ = self.delete()
         return deleted
 
     def bulk_create(self, objs: Iterable[_Row], *args: Any, **kwargs: Any) -> list[_Row]:
