@@ -119,7 +119,7 @@ def test_sound_thresholds_are_kept():
 def test_the_command_refuses_them_as_a_command_error(args, words):
     refused = command_error(*args)
     assert words in str(refused)
-    assert refused.returncode == 1  # a usage error, not "unhealthy" (2)
+    assert refused.returncode == 1  # a command error, not "unhealthy" (6)
 
 
 # (c) The logging table of the operating guide --------------------------------------

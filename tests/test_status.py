@@ -66,15 +66,15 @@ def test_status_reports_lag_dead_letters_lease_states_and_worst_shards(backlog_r
     assert region["worst_shards"][0]["last_error"].startswith("ValueError: flaky")
 
 
-def test_thresholds_exit_2_naming_what_passed_them(backlog_rows):
+def test_thresholds_exit_6_naming_what_passed_them(backlog_rows):
     status_json("--max-lag", "3600", "--max-dead", "1", "--max-expired", "1")  # all within
     with pytest.raises(CommandError) as failed:
         status_json("--max-lag", "60", "--max-dead", "0")
-    assert failed.value.returncode == 2
+    assert failed.value.returncode == 6
     assert "lag 6" in str(failed.value) and "1 dead letter(s), over 0" in str(failed.value)
     with pytest.raises(CommandError, match="expired lease") as failed:
         call_command("outbox_status", "--max-expired", "0", stdout=io.StringIO())
-    assert failed.value.returncode == 2
+    assert failed.value.returncode == 6
 
 
 def test_bad_threshold_and_unknown_database_are_command_errors():
@@ -142,7 +142,7 @@ def test_status_command_exit_status_in_a_real_process(backlog_rows):
         text=True,
         timeout=120,
     )
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 6, result.stderr
     assert "dead letter" in result.stderr
 
 

@@ -164,6 +164,7 @@ class FailedGroup:
     block_seconds: float
     traceback: str = ""
     delivered_to: str = ""
+    asked_later: bool = False  # every receiver that failed raised RetryLater
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ def judge(
         delays[group.row_ids[0]],
         traceback="\n".join(_format(error) for error in errors)[-_TRACEBACK_LIMIT:],
         delivered_to=_encode(done),
+        asked_later=all(isinstance(error, RetryLater) for error in errors),
     )
     _announce(model, group, errors[0], error, dead, using)
     return failed, dead

@@ -17,6 +17,7 @@ class DrainStats:
     groups_delivered: int = 0
     rows_retired: int = 0
     failures: int = 0  # failed deliveries kept for a retry
+    retried_later: int = 0  # of which every failing receiver asked for it (RetryLater)
     dead_lettered: int = 0  # messages given up as dead letters
     leases_lost: int = 0
     timed_out: int = 0  # sync receiver calls given up at the timeout (threads stuck)
@@ -50,7 +51,9 @@ class DrainStats:
         return (
             f"shards {self.shards}, receiver calls {self.receiver_calls}, "
             f"rows retired {self.rows_retired} ({self.coalesced} coalesced), "
-            f"failures {self.failures}, dead-lettered {self.dead_lettered}, "
+            f"failures {self.failures}"
+            + (f" ({self.retried_later} asked to retry later)" if self.retried_later else "")
+            + f", dead-lettered {self.dead_lettered}, "
             f"leases lost {self.leases_lost}, "
             + (f"receiver calls timed out {self.timed_out}, " if self.timed_out else "")
             + f"{self.seconds:.2f}s"
@@ -130,6 +133,7 @@ class Round:
         stats.groups_delivered += self.groups_delivered
         stats.rows_retired += deleted + self.retired_inline
         stats.failures += len(self.failures)
+        stats.retried_later += sum(failure.asked_later for failure in self.failures)
         stats.dead_lettered += len(self.dead)
         stats.leases_lost += len(self.lost)
         stats.failed_keys.extend(failure.shard for failure in self.failures)

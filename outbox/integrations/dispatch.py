@@ -133,6 +133,8 @@ def stats_summary(stats: DrainStats) -> dict[str, Any]:
         "receiver_calls": stats.receiver_calls,
         "rows_retired": stats.rows_retired,
         "failures": stats.failures,
+        "retried_later": stats.retried_later,
+        "dead_lettered": stats.dead_lettered,
         "leases_lost": stats.leases_lost,
         "seconds": round(stats.seconds, 3),
     }

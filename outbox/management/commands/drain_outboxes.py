@@ -1,7 +1,8 @@
 """`manage.py drain_outboxes`: drain what is due once, or keep draining with --loop.
 
-Exit status: 0 when every claimed shard was delivered; 3 when at least one receiver
-failed (its rows are rescheduled with back-off and kept); 4 when the drain stopped with
+Exit status (`outbox.management.exit_codes`): 0 when done, when stopped as asked and
+whenever a loop ends; 3 when a one-shot drain left a failed delivery for a retry (one
+that asked for it with RetryLater is not a failure here); 4 when the drain stopped with
 a receiver still running, past the graceful timeout or at a second signal (its shard's
 lease expires); 5 when more receiver calls than OUTBOX_MAX_STUCK_RECEIVERS ran past
 OUTBOX_RECEIVER_TIMEOUT_SECONDS and are still running (restart the process).
@@ -25,15 +26,13 @@ from outbox.engine.slots import stuck_receivers
 from outbox.exceptions import DrainInTransaction, InvalidOutboxMessage, StuckReceivers
 from outbox.health import backlog
 from outbox.inbox import inbox_databases, inbox_receivers, prune_inbox
+from outbox.management import exit_codes
 from outbox.management.arguments import database_alias, outbox_table, positive_int
 from outbox.management.liveness import LivenessFile
 from outbox.metrics import record_backlog
 
 logger = logging.getLogger("outbox.engine")
 
-FAILED_EXIT_STATUS = 3
-ABANDONED_EXIT_STATUS = 4
-STUCK_EXIT_STATUS = 5
 # The longest a round runs with --liveness-file and --progress-every 0.
 LIVENESS_SLICE_SECONDS = 5.0
 
@@ -100,11 +99,11 @@ class Command(BaseCommand):
         except DrainInTransaction as exc:
             raise CommandError(str(exc)) from exc
         except StuckReceivers as exc:
-            raise CommandError(str(exc), returncode=STUCK_EXIT_STATUS) from exc
+            raise CommandError(str(exc), returncode=exit_codes.STUCK) from exc
         finally:
             if liveness is not None:
                 liveness.remove()
-        self._finish(outcome)
+        self._finish(outcome, loop=options["loop"])
 
     def _worker(self, options: dict[str, Any], liveness: LivenessFile | None) -> DrainWorker:
         progress_every = options["progress_every"]
@@ -127,20 +126,22 @@ class Command(BaseCommand):
             concurrency=options["concurrency"],
         )
 
-    def _finish(self, outcome: DrainOutcome) -> None:
+    def _finish(self, outcome: DrainOutcome, *, loop: bool) -> None:
         if outcome.abandoned:
-            raise CommandError(_abandoned(outcome.stop), returncode=ABANDONED_EXIT_STATUS)
+            raise CommandError(_abandoned(outcome.stop), returncode=exit_codes.ABANDONED)
         total = outcome.stats
         logger.info(
             "outbox drain finished: %s", total.summary(), extra={"event": "outbox.drain_done"}
         )
         if self.verbosity >= 1:
             self.stdout.write(f"drain_outboxes: {total.summary()}")
-        if total.failures:
+        # A loop retries its failures itself, and a stop asked for is a normal end.
+        kept = total.failures - total.retried_later
+        if kept and not loop and outcome.stop is None:
             raise CommandError(
-                f"{total.failures} delivery failure(s) on shards "
+                f"{kept} delivery failure(s) on shards "
                 f"{', '.join(total.failed_shards[:20])}; rows kept for retry.",
-                returncode=FAILED_EXIT_STATUS,
+                returncode=exit_codes.FAILED,
             )
 
     def _scopes(self, names: list[str]) -> list[int] | None:

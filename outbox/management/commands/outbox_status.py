@@ -3,7 +3,7 @@
 Per table and scope: rows, shards, due rows, lag (the oldest due row's age), failing
 rows, dead letters, held / expired (stuck) / backing-off shards, and the worst shards
 with their last error. `--json` prints the same as JSON. Thresholds (`--max-lag`,
-`--max-dead`, `--max-expired`) make it exit with status 2 when passed, naming what
+`--max-dead`, `--max-expired`) make it exit with status 6 when passed, naming what
 passed them, so it serves as a monitoring check or a probe.
 """
 
@@ -16,13 +16,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.exceptions import InvalidThreshold
 from outbox.health import Thresholds, problems, statuses
+from outbox.management import exit_codes
 from outbox.management.arguments import database_alias
-
-UNHEALTHY_EXIT_STATUS = 2
 
 
 class Command(BaseCommand):
-    help = "Show the outbox backlog per table and scope; exit 2 past a threshold."
+    help = "Show the outbox backlog per table and scope; exit 6 past a threshold."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON.")
@@ -57,7 +56,7 @@ class Command(BaseCommand):
                 self._show(table)
         found = problems(tables, thresholds)
         if found:
-            raise CommandError("; ".join(found), returncode=UNHEALTHY_EXIT_STATUS)
+            raise CommandError("; ".join(found), returncode=exit_codes.UNHEALTHY)
 
     def _show(self, table: dict[str, Any]) -> None:
         self.stdout.write(

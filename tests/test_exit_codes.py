@@ -1,0 +1,90 @@
+"""Exit statuses a supervisor can trust (`outbox.management.exit_codes`): a stop asked
+for and the end of a loop are 0 whatever failed meanwhile, a receiver that asked to be
+retried later is no failure, a passed threshold has a status of its own, and a task's
+result counts what it dead-lettered."""
+
+import io
+import os
+import signal
+import threading
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db.models.functions import Now
+
+from outbox import RetryLater
+from outbox.engine import drain_outboxes
+from outbox.integrations.dispatch import stats_summary
+from outbox.models import RegionOutbox
+from outbox.signals import process_region_outbox
+from tests.conftest import committing
+from tests.factories import RegionOutboxFactory
+from tests.testapp.categories import Category
+
+pytestmark = committing
+
+
+def drain(*args):
+    out = io.StringIO()
+    call_command("drain_outboxes", *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def test_a_receiver_asking_to_retry_later_is_no_failure_of_the_run(calls):
+    def later(sender, **kwargs):
+        raise RetryLater(600, "rate limited")
+
+    process_region_outbox.connect(later, sender=Category.AUDIT_EVENT, weak=False)
+    try:
+        RegionOutboxFactory(shard_identifier=1, category=Category.AUDIT_EVENT)
+        output = drain()  # no CommandError: status 0
+    finally:
+        process_region_outbox.disconnect(later, sender=Category.AUDIT_EVENT)
+    assert "failures 1 (1 asked to retry later)" in output
+    assert RegionOutbox.objects.count() == 1  # kept, rescheduled
+
+
+def test_a_real_failure_still_fails_a_one_shot_drain(calls):
+    calls.failing = {1}
+    RegionOutboxFactory(shard_identifier=1)
+    with pytest.raises(CommandError) as raised:
+        drain()
+    assert raised.value.returncode == 3
+
+
+def test_a_loop_stopped_by_sigterm_after_a_failure_exits_0(calls, settings):
+    settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.05
+    calls.failing = {1}
+    RegionOutboxFactory(shard_identifier=1)
+    # A real SIGTERM to this process; the command's handler (main thread) takes it.
+    stopper = threading.Timer(1.0, os.kill, [os.getpid(), signal.SIGTERM])
+    stopper.start()
+    try:
+        output = drain("--loop", "--max-seconds", "20", "--progress-every", "0")
+    finally:
+        stopper.cancel()
+    assert "failures 1" in output  # it failed, was told to stop, and says so: status 0
+
+
+def test_a_loop_that_ran_its_time_after_a_failure_exits_0(calls, settings):
+    settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.05
+    calls.failing = {1}
+    RegionOutboxFactory(shard_identifier=1)
+    assert "failures 1" in drain("--loop", "--max-seconds", "0.5", "--progress-every", "0")
+
+
+def test_a_passed_threshold_has_a_status_of_its_own(calls):
+    calls.failing = {1}
+    RegionOutboxFactory(shard_identifier=1)
+    RegionOutbox.objects.update(dead_at=Now())
+    with pytest.raises(CommandError, match="dead") as raised:
+        call_command("outbox_status", "--max-dead", "0", stdout=io.StringIO())
+    assert raised.value.returncode == 6  # not 1 (command error) nor 2 (usage)
+
+
+def test_a_task_result_counts_dead_letters(calls, settings):
+    settings.OUTBOX_MAX_ATTEMPTS = 1
+    calls.failing = {1}
+    RegionOutboxFactory(shard_identifier=1)
+    result = stats_summary(drain_outboxes())
+    assert (result["failures"], result["dead_lettered"], result["retried_later"]) == (0, 1, 0)
