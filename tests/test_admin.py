@@ -10,6 +10,7 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import connections
+from django.db.models.functions import Now
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -178,6 +179,16 @@ def test_discard_per_message_and_group_leaves_held_shards_alone(admin_client):
         messages.WARNING,
         "1 shard(s) held by a worker right now: left alone. Retry once it has finished with them.",
     ) in shown(response)
+
+
+def test_discarding_after_the_back_off_ran_out_leaves_no_expired_lease(admin_client):
+    # The back-off over, the lease reads as expired; discarding the shard's last message
+    # must take it too, or outbox_status --max-expired 0 stays red for good.
+    poison = failed(4, object_identifier=1)
+    ShardLease.objects.update(expires_at=Now())
+    post_action(admin_client, "discard_messages", [poison])
+    assert not RegionOutbox.objects.exists()
+    assert not ShardLease.objects.exists()
 
 
 def test_discarding_a_failing_message_lets_its_shard_go_on_at_once(admin_client, calls):

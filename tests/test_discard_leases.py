@@ -62,6 +62,14 @@ def test_discarding_a_backing_off_message_leaves_no_lease_and_nothing_expired(ca
     assert lease_shards(RegionOutbox) == []
 
 
+def test_a_row_discarded_on_its_own_takes_its_shards_back_off_too(calls):
+    poison = RegionOutboxFactory(shard_identifier=8)
+    back_off(calls, RegionOutbox, 8)
+    RegionOutbox.objects.get(id=poison.id).discard()
+    assert not RegionOutbox.objects.exists()
+    assert lease_shards(RegionOutbox) == []
+
+
 def test_the_control_table_whose_shards_name_a_region(calls):
     ControlOutboxFactory(region_name="eu", shard_identifier=3)
     ControlOutboxFactory(region_name="us", shard_identifier=3)

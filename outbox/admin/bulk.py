@@ -59,10 +59,11 @@ def _held_shards(rows: QuerySet[Any]) -> int:
 
 
 def _lift_backoff(rows: QuerySet[Any]) -> int:
-    """Delete the back-off leases of the shards of `rows` (one statement)."""
+    """Delete the leases no live worker holds (a back-off, or one that ran out: a back-off
+    over, a dead worker's) of the shards of `rows` (one statement)."""
     model = rows.model
     of_lease = {field: OuterRef(field) for field in model.shard_fields}
-    leases = ShardLease.objects.using(rows.db).of(model).backing_off()
+    leases = ShardLease.objects.using(rows.db).of(model).not_held()
     lifted: int = leases.filter(Exists(rows.filter(**of_lease))).delete()[0]
     return lifted
 

@@ -181,8 +181,9 @@ class OutboxBase(models.Model):
         return bool(revived)
 
     def discard(self) -> None:
-        """Delete this row for good (an operator's decision, for a dead letter)."""
-        self.delete()
+        """Delete this row for good (an operator's decision, for a dead letter), with its
+        shard's lease where nothing else is left there (see `OutboxQuerySet.discard`)."""
+        type(self)._default_manager.using(self._state.db).filter(pk=self.pk).discard()
 
     @property
     def shard_key(self) -> ShardKey:
