@@ -3,7 +3,6 @@
 import logging
 import socket
 import sys
-from pathlib import Path
 
 import pytest
 from django.apps import apps
@@ -45,15 +44,6 @@ SHARD = ShardKey("", Scope.ORGANIZATION, 1)
 REGION = {"table": "outbox.RegionOutbox", "scope": "ORGANIZATION", "category": "AUDIT_EVENT"}
 # The testapp's receiver of AUDIT_EVENT, as the per-receiver metrics name it.
 AUDIT_RECEIVER = "tests.testapp.receivers.record"
-
-# The end-to-end tests need the engine to send the lifecycle signals.
-ENGINE_SENDS_SIGNALS = any(
-    "message_processed" in module.read_text()
-    for module in Path(outbox.engine.__file__).parent.glob("*.py")
-)
-needs_engine_signals = pytest.mark.skipif(
-    not ENGINE_SENDS_SIGNALS, reason="outbox.engine does not send message_processed yet"
-)
 
 
 @pytest.fixture(autouse=True)
@@ -288,7 +278,6 @@ def test_prometheus_scrape_metrics_read_the_backlog_on_each_scrape(registry):
     assert backlog_values(registry, "outbox.RegionOutbox", "ORGANIZATION") == (4, 3)
 
 
-@needs_engine_signals
 @committing
 def test_prometheus_end_to_end_save_and_drain(registry):
     install(PrometheusMetrics(registry))
@@ -380,7 +369,6 @@ def test_statsd_gauges_the_backlog(udp, statsd_metrics):
     assert lines["app.outbox.backlog_rows.outbox_ControlOutbox.USER"] == ("1", "g")
 
 
-@needs_engine_signals
 @committing
 def test_statsd_end_to_end_save_and_drain(udp, statsd_metrics):
     RegionOutboxFactory()
@@ -476,7 +464,6 @@ def test_opentelemetry_gauges_stuck_receivers(otel_reader):
     assert otel_points(otel_reader)["outbox.stuck_receivers", table].value == 0
 
 
-@needs_engine_signals
 @committing
 def test_opentelemetry_end_to_end_save_and_drain(otel_reader):
     RegionOutboxFactory()
