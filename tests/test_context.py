@@ -132,7 +132,7 @@ def test_failing_flush_is_logged_and_left_for_the_drain(calls, caplog):
     row = RegionOutbox.objects.get()
     assert row.attempts == 1
     assert "receiver failed for shard 7" in row.last_error
-    assert any("shard 0/7" in message for message in caplog.messages)
+    assert any("shard ORGANIZATION/7" in message for message in caplog.messages)
 
 
 @override_settings(OUTBOX_FLUSH_STRICT=True)

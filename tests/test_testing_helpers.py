@@ -113,7 +113,7 @@ def test_failing_receiver_is_recorded_and_stops_only_its_shard(
     assert "receiver failed for shard 7" in failed.last_error
     assert failed.scheduled_for > failed.date_added
     assert RegionOutbox.objects.filter(shard_identifier=7, attempts=0).count() == 1
-    assert any("shard 0/7" in message for message in caplog.messages)
+    assert any("shard ORGANIZATION/7" in message for message in caplog.messages)
 
 
 def test_permanent_failure_dead_letters_and_the_shard_goes_on(flushed, calls, caplog):

@@ -13,6 +13,13 @@ from django.http import HttpRequest
 from outbox.admin.bulk import MAX_KEYS, Outcome
 
 
+def labelled(lookup: dict[int, Any], value: int) -> str:
+    """A stored scope or category on one row's page: its name and value, `ORGANIZATION
+    (0)`; a value no enum declares (any more) as its number with a note."""
+    member = lookup.get(value) if isinstance(value, int) else None
+    return f"{member.name} ({value})" if member is not None else f"{value} (not declared)"
+
+
 class OperatorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Rows are the engine's: nobody adds, edits or deletes one through a form, so the
     add, change and delete permissions of the admin are always False (one row's page
@@ -23,6 +30,21 @@ class OperatorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     model's change permission, "discard" its delete permission. A view-only user is
     offered no action, and Django's changelist ignores a posted action it does not offer.
     """
+
+    # A model field shown on one row's page by a read-only display method instead, in
+    # its place (e.g. a scope's number by its name): {field: method}.
+    shown_as: dict[str, str] = {}
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [*super().get_readonly_fields(request, obj), *self.shown_as.values()]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        shown: list[Any] = []
+        for field in super().get_fields(request, obj):
+            field = self.shown_as.get(field, field) if isinstance(field, str) else field
+            if field not in shown:  # each once, where its field was
+                shown.append(field)
+        return shown
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

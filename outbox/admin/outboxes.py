@@ -10,7 +10,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 import outbox.admin.bulk as bulk
-from outbox.admin.base import OperatorAdmin
+from outbox.admin.base import OperatorAdmin, labelled
 from outbox.admin.filters import CategoryFilter, DeliveryStateFilter, ScopeFilter, name_of
 from outbox.categories import registry
 from outbox.models import ControlOutbox, OutboxBase, RegionOutbox
@@ -37,6 +37,8 @@ class OutboxAdmin(OperatorAdmin):
     # The message id and the write time are not form fields (editable=False): named
     # here so that one row's page shows them.
     readonly_fields = ["message_id", "date_added"]
+    # One row's page names the scope and the category, with their values.
+    shown_as = {"shard_scope": "scope_shown", "category": "category_shown"}
     ordering = ["id"]
     actions = [
         "retry_messages",
@@ -64,6 +66,14 @@ class OutboxAdmin(OperatorAdmin):
     @admin.display(description="category", ordering="category")
     def category_name(self, obj: OutboxBase) -> str:
         return name_of(registry.categories, obj.category)
+
+    @admin.display(description="shard scope")
+    def scope_shown(self, obj: OutboxBase) -> str:
+        return labelled(registry.scopes, obj.shard_scope)
+
+    @admin.display(description="category")
+    def category_shown(self, obj: OutboxBase) -> str:
+        return labelled({**registry.declared, **registry.categories}, obj.category)
 
     @admin.display(description="state")
     def delivery_state(self, obj: OutboxBase) -> str:

@@ -12,6 +12,7 @@ import traceback
 from outbox.backends.base import FailedGroup, Group
 from outbox.categories import registry
 from outbox.conf import outbox_settings
+from outbox.engine.events import category_named, shard_named
 from outbox.engine.receivers import DeliveryFailed
 from outbox.exceptions import NoReceiver, OutboxError, PermanentFailure, RetryLater
 from outbox.models import OutboxBase
@@ -129,8 +130,8 @@ def _announce(
         logging.ERROR if dead else logging.WARNING,
         "outbox receiver failed for message %s, shard %s category %s object %s (attempt %s)%s: %s",
         message_id,
-        shard,
-        group.category,
+        shard_named(shard),
+        category_named(group.category),
         group.object_identifier,
         attempts,
         ", dead-lettered" if dead else ", will retry",
