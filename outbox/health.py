@@ -26,7 +26,11 @@ from outbox.status import known_database, table_status
 @dataclass(frozen=True)
 class Thresholds:
     """Limits past which the outboxes are unhealthy; None: not checked. Each is 0 or
-    more: seconds for the lag, whole numbers for the counts (InvalidThreshold else)."""
+    more: seconds for the lag, whole numbers for the counts (InvalidThreshold else).
+
+    `max_expired` counts the shards whose worker's lease ran out (a dead worker's), not
+    those whose back-off is over and which wait for a drain (`retry_due_shards`: a
+    routine retry; with no drain running, the lag grows and `max_lag_seconds` sees it)."""
 
     max_lag_seconds: float | None = None
     max_dead: int | None = None
@@ -68,7 +72,7 @@ def problems(tables: Sequence[dict[str, Any]], thresholds: Thresholds) -> list[s
             found.append(f"{name}: {dead} dead letter(s), over {thresholds.max_dead}")
         if thresholds.max_expired is not None and expired > thresholds.max_expired:
             found.append(
-                f"{name}: {expired} shard(s) with an expired lease (a dead worker's?), "
+                f"{name}: {expired} shard(s) with an expired lease (a dead worker's), "
                 f"over {thresholds.max_expired}"
             )
     return found

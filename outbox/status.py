@@ -3,11 +3,13 @@ drain loop's heartbeat and the admin.
 
 Per table and per scope: pending rows, shards, due rows, the lag (the age of the oldest
 due row: how long the oldest deliverable message has waited), failing rows, dead
-letters, and shards by lease state (held by a live worker, expired: a dead worker's
-or not yet cleaned up, backing off after a failure), plus the worst shards (most
-attempts) with their last error. A table costs a fixed number of aggregate queries
-whatever its size; lease states come from `ShardLease.objects` (held, expired,
-backing_off) and dead letters from the outbox QuerySet (`pending()`, `dead()`).
+letters, and shards by lease state: held by a live worker; backing off after a failure;
+retry due (the back-off is over, the shard waits for a drain: routine); expired (a
+worker's lease ran out: the worker died or stopped renewing, the one stuck state, which
+`--max-expired` counts); plus the worst shards (most attempts) with their last error. A
+table costs a fixed number of aggregate queries whatever its size; lease states come
+from `ShardLease.objects` (held, backing_off, retry_due, abandoned) and dead letters from
+the outbox QuerySet (`pending()`, `dead()`).
 
 A database alias that DATABASES does not have raises `outbox.exceptions.UnknownDatabase`
 naming it and the configured ones, as `manage.py outbox_status --database` says.
@@ -52,6 +54,7 @@ def table_status(model: type[OutboxBase], using: str | None = None) -> dict[str,
         "lag_seconds": _age(now, totals["oldest_due"]),
         "leased_shards": sum(scope["held_shards"] for scope in scopes),
         "backing_off_shards": sum(scope["backing_off_shards"] for scope in scopes),
+        "retry_due_shards": sum(scope["retry_due_shards"] for scope in scopes),
         "expired_shards": sum(scope["expired_shards"] for scope in scopes),
         "scopes": scopes,
         "worst_shards": _worst_shards(model, manager),
@@ -96,8 +99,9 @@ def _scopes(
     leases = ShardLease.objects.using(alias).of(model)
     for state, leased in (
         ("held_shards", leases.held()),
-        ("expired_shards", leases.expired()),
+        ("expired_shards", leases.abandoned()),
         ("backing_off_shards", leases.backing_off()),
+        ("retry_due_shards", leases.retry_due()),
     ):
         for entry in leased.values("shard_scope").annotate(n=Count("id")).order_by():
             by_scope[entry["shard_scope"]][state] = entry["n"]
@@ -115,6 +119,7 @@ def _empty_scope() -> dict[str, Any]:
         "held_shards": 0,
         "expired_shards": 0,
         "backing_off_shards": 0,
+        "retry_due_shards": 0,
     }
 
 

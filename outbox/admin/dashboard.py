@@ -1,5 +1,6 @@
 """The figures of the admin dashboard: per outbox table and scope, the backlog, its lag,
-the shards' lease states, failing rows and dead letters.
+the shards' lease states (held, backing off, retry due, expired: only the last one
+stuck), failing rows and dead letters.
 
 All figures come from `outbox.status.table_status` (what `manage.py outbox_status`
 reports: a fixed number of aggregate queries per table, lease states read through
@@ -22,6 +23,7 @@ SCOPE_COLUMNS = {
     "held": "held_shards",
     "expired": "expired_shards",
     "backing_off": "backing_off_shards",
+    "retry_due": "retry_due_shards",
     "failing_rows": "failing_rows",
     "dead_letters": "dead_letters",
 }

@@ -11,8 +11,21 @@ from django.http import HttpRequest
 from outbox.categories import registry
 from outbox.models import OutboxQuerySet
 
-# The lease states of the admin, by their ShardLeaseQuerySet method.
-LEASE_STATES = {"held": "held", "backing_off": "backing off", "expired": "expired"}
+# The lease states of the admin: filter value -> label, and the ShardLeaseQuerySet
+# method selecting it. "expired" is a worker's lease that ran out (stuck: `abandoned()`);
+# a back-off that is over is "retry due", waiting for a drain.
+LEASE_STATES = {
+    "held": "held",
+    "backing_off": "backing off",
+    "retry_due": "retry due",
+    "expired": "expired",
+}
+LEASE_STATE_METHODS = {
+    "held": "held",
+    "backing_off": "backing_off",
+    "retry_due": "retry_due",
+    "expired": "abandoned",
+}
 
 
 def name_of(lookup: dict[int, Any], value: int) -> str:
@@ -65,8 +78,8 @@ class LeaseStateFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         state = self.value()
-        if state in LEASE_STATES:
-            return getattr(queryset, state)()  # type: ignore[no-any-return]
+        if state in LEASE_STATE_METHODS:
+            return getattr(queryset, LEASE_STATE_METHODS[state])()  # type: ignore[no-any-return]
         return queryset
 
 

@@ -25,8 +25,9 @@ DASHBOARD_URL_NAME = "outbox_dashboard"
 
 @admin.register(ShardLease)
 class ShardLeaseAdmin(OperatorAdmin):
-    """Shards being drained (with a holder) and shards backing off after a failure; the
-    dashboard page of all outbox tables hangs off this admin's URLs."""
+    """Shards being drained (with a holder), shards backing off after a failure or whose
+    back-off is over (retry due, waiting for a drain), and leases a worker left to expire
+    (expired: stuck); the dashboard page of all outbox tables hangs off this admin's URLs."""
 
     list_display = [
         "outbox",
@@ -50,6 +51,7 @@ class ShardLeaseAdmin(OperatorAdmin):
             .annotate(
                 is_held=Exists(ShardLease.objects.held().filter(pk=same)),
                 is_backing_off=Exists(ShardLease.objects.backing_off().filter(pk=same)),
+                is_retry_due=Exists(ShardLease.objects.retry_due().filter(pk=same)),
             )
         )
         return leases
@@ -64,13 +66,15 @@ class ShardLeaseAdmin(OperatorAdmin):
             return LEASE_STATES["held"]
         if getattr(obj, "is_backing_off", False):
             return LEASE_STATES["backing_off"]
+        if getattr(obj, "is_retry_due", False):
+            return LEASE_STATES["retry_due"]
         return LEASE_STATES["expired"]
 
     @admin.action(
         description="Retry the selected shards now (lift their back-off)", permissions=["retry"]
     )
     def lift_backoff(self, request: HttpRequest, queryset: ShardLeaseQuerySet) -> None:
-        selected = queryset.count()
+        selected, due = queryset.count(), queryset.retry_due().count()
         outcome = bulk.retry_leases(queryset.order_by())
         held, lifted = outcome.held_shards, outcome.lifted
         text = f"{lifted} shard(s) may be retried now; {outcome.rows} message(s) due now."
@@ -80,10 +84,17 @@ class ShardLeaseAdmin(OperatorAdmin):
             self.message_user(
                 request, f"{held} shard(s) held by a worker: left alone.", messages.WARNING
             )
-        if selected - held - lifted:
+        if due:
             self.message_user(
                 request,
-                f"{selected - held - lifted} shard(s) not backing off (expired): "
+                f"{due} shard(s) whose back-off is over (retry due): nothing to lift, "
+                "a drain may claim them now.",
+                messages.INFO,
+            )
+        if selected - held - lifted - due:
+            self.message_user(
+                request,
+                f"{selected - held - lifted - due} shard(s) not backing off (expired): "
                 "nothing to lift, they may be claimed already.",
                 messages.WARNING,
             )

@@ -1,10 +1,12 @@
 """`manage.py outbox_status`: the backlog of every outbox table, for people and probes.
 
 Per table and scope: rows, shards, due rows, lag (the oldest due row's age), failing
-rows, dead letters, held / expired (stuck) / backing-off shards, and the worst shards
-with their last error. `--json` prints the same as JSON. Thresholds (`--max-lag`,
-`--max-dead`, `--max-expired`) make it exit with status 6 when passed, naming what
-passed them, so it serves as a monitoring check or a probe.
+rows, dead letters, shards held / backing off / retry due (a back-off over, waiting for
+a drain: routine) / expired (a worker's lease ran out: stuck), and the worst shards with
+their last error. `--json` prints the same as JSON. Thresholds (`--max-lag`,
+`--max-dead`, `--max-expired`: expired leases only, never a retry due) make it exit with
+status 6 when passed, naming what passed them, so it serves as a monitoring check or a
+probe.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Command(BaseCommand):
             f"{table['dead_letters']} dead, oldest {table['oldest_age_seconds']:.0f}s, "
             f"{table['leased_shards']} shards leased, "
             f"{table['backing_off_shards']} backing off, "
+            f"{table['retry_due_shards']} retry due, "
             f"{table['expired_shards']} expired"
         )
         for scope in table["scopes"]:
@@ -73,8 +76,8 @@ class Command(BaseCommand):
                 f"    {scope['scope']}: {scope['rows']} rows in {scope['shards']} shards, "
                 f"{scope['due_rows']} due, lag {scope['lag_seconds']:.0f}s, "
                 f"{scope['failing_rows']} failing, {scope['dead_letters']} dead, "
-                f"held {scope['held_shards']}, expired {scope['expired_shards']}, "
-                f"backing off {scope['backing_off_shards']}"
+                f"held {scope['held_shards']}, backing off {scope['backing_off_shards']}, "
+                f"retry due {scope['retry_due_shards']}, expired {scope['expired_shards']}"
             )
         for shard in table["worst_shards"]:
             error = shard["last_error"].splitlines()[-1] if shard["last_error"] else ""
