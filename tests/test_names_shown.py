@@ -92,3 +92,11 @@ def test_a_failure_of_an_undeclared_value_is_logged_with_its_number(calls, caplo
     else:
         assert "shard ORGANIZATION/1 category 102 (not declared) object" in line, line
         assert (record.scope, record.shard, record.category) == (0, "0/1", 102)
+
+
+def test_a_rows_title_names_its_scope_and_category():
+    row = RegionOutbox(pk=7, shard_scope=0, shard_identifier=1, category=2)
+    assert str(row) == "RegionOutbox #7 shard ORGANIZATION/1 category AUDIT_EVENT"
+    assert str(RegionOutbox(pk=8, shard_scope=50, shard_identifier=1, category=102)) == (
+        "RegionOutbox #8 shard 50/1 category 102"
+    )

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 import outbox.engine.events as events
 from outbox.backends.base import Lease, OutboxBackend
 from outbox.conf import outbox_settings
+from outbox.engine.events import shard_named
 from outbox.engine.failures import judge
 from outbox.engine.leases import Holding, LeaseKeeper, retrying
 from outbox.engine.rounds import DrainStats, Round
@@ -148,7 +149,7 @@ class Stragglers:
             assert group is not None  # a call is running
             logger.warning(
                 "outbox receiver call for shard %s ran past %ss; given up, its thread is stuck",
-                task.shard,
+                shard_named(task.shard),
                 timeout,
                 extra={"event": "outbox.receiver_timeout", "shard": str(task.shard)},
             )

@@ -17,6 +17,7 @@ from django.db import models, router, transaction
 from django.db.models.functions import Now
 from django.dispatch import Signal
 
+from outbox.categories import registry
 from outbox.columns import RandomUUID, new_message_id
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.models.lease import ShardLease
@@ -153,7 +154,12 @@ class OutboxBase(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{type(self).__name__} #{self.pk} shard {self.shard_key} category {self.category}"
+        """E.g. `RegionOutbox #7 shard ORGANIZATION/1 category AUDIT_EVENT` (numbers for
+        values no enum declares): the admin's titles and audit entries show it."""
+        key, name = self.shard_key, registry.scope_name(self.shard_scope)
+        shard = f"{key.region_name + '/' if key.region_name else ''}{name}/{key.shard_identifier}"
+        category = registry.category_name(self.category)
+        return f"{type(self).__name__} #{self.pk} shard {shard} category {category}"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Validate, then save as `Model.save` does, through the table's write path."""
