@@ -88,3 +88,14 @@ def test_a_task_result_counts_dead_letters(calls, settings):
     RegionOutboxFactory(shard_identifier=1)
     result = stats_summary(drain_outboxes())
     assert (result["failures"], result["dead_lettered"], result["retried_later"]) == (0, 1, 0)
+
+
+def test_a_one_shot_drain_during_a_back_off_says_what_waits(calls):
+    calls.failing = {1}
+    RegionOutboxFactory(shard_identifier=1)
+    with pytest.raises(CommandError):
+        drain()  # the failure: the shard backs off
+    calls.failing = set()
+    output = drain()  # nothing is due: status 0, and it says why rows remain
+    assert "receiver calls 0" in output
+    assert "1 shard(s) back off after a failure, their rows kept; the first retry" in output

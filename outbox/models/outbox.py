@@ -189,7 +189,8 @@ class OutboxBase(models.Model):
     def discard(self) -> None:
         """Delete this row for good (an operator's decision, for a dead letter), with its
         shard's lease where nothing else is left there (see `OutboxQuerySet.discard`)."""
-        type(self)._default_manager.using(self._state.db).filter(pk=self.pk).discard()
+        using = router.db_for_write(type(self), instance=self)  # where Model.delete() goes
+        type(self)._default_manager.using(using).filter(pk=self.pk).discard()
 
     @property
     def shard_key(self) -> ShardKey:

@@ -17,7 +17,9 @@ import logging
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, router
+from django.db.models import Count, Min
+from django.utils import timezone
 
 from outbox.categories import registry
 from outbox.conf import outbox_settings
@@ -30,6 +32,7 @@ from outbox.management import exit_codes
 from outbox.management.arguments import database_alias, outbox_table, positive_int
 from outbox.management.liveness import LivenessFile
 from outbox.metrics import record_backlog
+from outbox.models import ShardLease, outbox_models
 
 logger = logging.getLogger("outbox.engine")
 
@@ -90,6 +93,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         self.verbosity = options["verbosity"]
         self.using = database_alias(options["database"])
+        self.models = [outbox_table(label) for label in options["table"]]
         path = options["liveness_file"]
         liveness = LivenessFile(path) if path else None
         worker = self._worker(options, liveness)
@@ -111,7 +115,7 @@ class Command(BaseCommand):
         # progress line is wanted, or a long backlog would read as a stuck drain.
         slices = progress_every or (LIVENESS_SLICE_SECONDS if liveness else 0.0)
         return DrainWorker(
-            [outbox_table(label) for label in options["table"]],
+            self.models,
             using=self.using,
             scopes=self._scopes(options["scope"]),
             identifiers=options["shard"] or None,
@@ -135,6 +139,8 @@ class Command(BaseCommand):
         )
         if self.verbosity >= 1:
             self.stdout.write(f"drain_outboxes: {total.summary()}")
+            if not loop and (waiting := self._backing_off()):
+                self.stdout.write(f"drain_outboxes: {waiting}")
         # A loop retries its failures itself, and a stop asked for is a normal end.
         kept = total.failures - total.retried_later
         if kept and not loop and outcome.stop is None:
@@ -143,6 +149,25 @@ class Command(BaseCommand):
                 f"{', '.join(total.failed_shards[:20])}; rows kept for retry.",
                 returncode=exit_codes.FAILED,
             )
+
+    def _backing_off(self) -> str:
+        """After a one-shot run: the shards waiting out a back-off after a failure, which
+        this run could not deliver, and when the first is due ("" when none)."""
+        shards, first = 0, None
+        for model in self.models or outbox_models():
+            using = self.using or router.db_for_write(model)
+            leases = ShardLease.objects.using(using).of(model).backing_off()
+            found = leases.aggregate(shards=Count("pk"), first=Min("expires_at"))
+            shards += found["shards"]
+            if found["first"] is not None and (first is None or found["first"] < first):
+                first = found["first"]
+        if not shards or first is None:
+            return ""
+        due = max((first - timezone.now()).total_seconds(), 0.0)
+        return (
+            f"{shards} shard(s) back off after a failure, their rows kept; the first retry "
+            f"is due in {due:.0f}s (outbox_status lists them)."
+        )
 
     def _scopes(self, names: list[str]) -> list[int] | None:
         try:
