@@ -2,7 +2,8 @@
 dashboard. Failed rows are written as the engine leaves them (attempts, a back-off in
 scheduled_for, a backing-off lease), so these tests do not depend on a failing drain."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 import pytest
 from django.contrib import messages
@@ -323,3 +324,13 @@ def test_control_outbox_actions_work_on_its_own_database(admin_client):
     assert not ShardLease.objects.using("control").exists()
     post_action(admin_client, "discard_groups", rows[:1], url)
     assert list(ControlOutbox.objects.values_list("pk", flat=True)) == [other.pk]
+
+
+def test_scheduled_for_is_shown_in_the_time_zone_of_every_other_time(admin_client, settings):
+    settings.TIME_ZONE = "America/New_York"  # UTC-5 in January
+    row = RegionOutboxFactory(shard_identifier=1)
+    RegionOutbox.objects.filter(pk=row.pk).update(
+        scheduled_for=datetime(2026, 1, 15, 12, 0, tzinfo=dt_timezone.utc)
+    )
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert "2026-01-15 07:00:00" in page and "2026-01-15 12:00:00" not in page

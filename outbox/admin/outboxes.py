@@ -5,9 +5,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
 import outbox.admin.bulk as bulk
 from outbox.admin.base import OperatorAdmin, labelled
@@ -84,8 +86,9 @@ class OutboxAdmin(OperatorAdmin):
     @admin.display(description="scheduled for", ordering="scheduled_for")
     def backoff(self, obj: OutboxBase) -> str:
         """When the row is due, and for a failed row the back-off it is waiting out
-        (from `scheduled_from`, the time that schedule was set)."""
-        due = obj.scheduled_for
+        (from `scheduled_from`, the time that schedule was set), in the current time zone
+        as the admin shows every other time."""
+        due = timezone.localtime(obj.scheduled_for) if settings.USE_TZ else obj.scheduled_for
         if not obj.attempts:
             return f"{due:%Y-%m-%d %H:%M:%S}"
         waited = (due - obj.scheduled_from).total_seconds()
