@@ -23,11 +23,11 @@ class ShardLeaseQuerySet(models.QuerySet[Any]):
     - held: a worker holds the shard (token set) and the lease has not expired;
     - backing_off: no holder, the shard waits out a failure's back-off;
     - expired: the lease or back-off is over, so the shard may be claimed again; it is
-      one of two states, told apart by the token, which only a worker's claim sets
-      (a failure's back-off clears it):
-      - abandoned: a worker's lease (token set) ran out: the worker died or stopped
-        renewing. This one is stuck, and what monitoring calls "expired";
-      - retry_due: a back-off (no token) is over: a routine retry waiting for a drain;
+      one of the two states below, told apart by the token, which only a worker's
+      claim sets (a failure's back-off clears it);
+    - abandoned: a worker's lease (token set) ran out: the worker died or stopped
+      renewing. This one is stuck, and what monitoring calls "expired";
+    - retry_due: a back-off (no token) is over: a routine retry waiting for a drain;
     - live: held or backing off (the shard may not be claimed now);
     - not_held: backing off or expired (no live worker holds the shard).
     """
