@@ -10,7 +10,6 @@ for `outbox_status --max-expired`, `Thresholds.max_expired` and the dashboard's
 
 import io
 import json
-import re
 
 import pytest
 from django.core.management import call_command
@@ -24,6 +23,7 @@ from outbox.health import Thresholds, check, statuses
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
+from tests.test_operations import lease_states as admin_lease_states
 
 pytestmark = committing
 
@@ -70,14 +70,6 @@ def dead_workers_lease(shard):
     assert Drainer(RegionOutbox, identifiers=[shard]).reserve(1, "gone:1:1").shards
     assert ShardLease.objects.held().count() == 1
     time_passes()
-
-
-def admin_lease_states(admin_client, query=""):
-    page = admin_client.get(reverse("admin:outbox_shardlease_changelist") + query)
-    rows = re.findall(
-        r'field-shard_identifier">(\d+)</td>.*?field-state">([^<]*)<', page.content.decode(), re.S
-    )
-    return {int(identifier): state for identifier, state in rows}
 
 
 def test_an_ended_back_off_is_a_retry_due_not_an_expired_lease(calls):

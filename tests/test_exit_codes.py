@@ -19,15 +19,10 @@ from outbox.models import RegionOutbox
 from outbox.signals import process_region_outbox
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
+from tests.test_command import drain
 from tests.testapp.categories import Category
 
 pytestmark = committing
-
-
-def drain(*args):
-    out = io.StringIO()
-    call_command("drain_outboxes", *args, stdout=out, stderr=io.StringIO())
-    return out.getvalue()
 
 
 def test_a_receiver_asking_to_retry_later_is_no_failure_of_the_run(calls):

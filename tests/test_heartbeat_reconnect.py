@@ -9,17 +9,9 @@ from django.core.management import call_command
 from django.db import connection, connections
 
 from tests.conftest import committing, server_database_only
+from tests.test_bad_input import _server_id
 
 pytestmark = [committing, server_database_only]
-
-
-def _own_connection_id():
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT pg_backend_pid()")
-        else:
-            cursor.execute("SELECT CONNECTION_ID()")
-        return cursor.fetchone()[0]
 
 
 def _terminate(victim):
@@ -39,7 +31,7 @@ def test_the_heartbeat_reports_the_backlog_again_after_a_lost_connection(calls, 
     settings.OUTBOX_HEARTBEAT_SECONDS = 0.3
     settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.1
     # The heartbeat runs on the command's waiting thread: this thread, this connection.
-    victim = _own_connection_id()
+    victim = _server_id(connection)
     cutter = threading.Timer(0.8, _terminate, [victim])
     cutter.start()
     out = io.StringIO()
