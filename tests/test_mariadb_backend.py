@@ -72,7 +72,8 @@ def test_single_message_shards_cost_five_statements_per_batch(shards, settings):
     # a walk that reaches the end of the key space wraps around once more; the empty
     # claim that ends the drain walks twice. Nothing per shard, nothing updated.
     assert kinds == {"INSERT": batches, "DELETE": 2 * batches, "UPDATE": 0}, statements
-    assert batches * 5 <= len(statements) <= batches * 6 + 2, statements
+    # + 1: the drain's first look for back-offs a new message ends.
+    assert batches * 5 <= len(statements) <= batches * 6 + 3, statements
 
 
 def test_a_window_reads_shards_whole_while_they_fit_and_caps_the_bigger_ones(settings):

@@ -31,6 +31,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from outbox.backends.wake import wake_backed_off
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
@@ -287,3 +288,10 @@ class OutboxBackend(ABC):
     def release(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
         """Drop the lease on `shards` where `lease.token` still holds it, so the shards
         may be claimed at once; shards someone else holds are left alone."""
+
+    def wake(self, model: type[OutboxBase], where: ShardFilter) -> list[ShardKey]:
+        """End the back-off of the shards passing `where` that a message reached since
+        their last failure, for one early attempt (`outbox.backends.wake`); returns them.
+        The ORM does it for every backend: it reads the few backing-off leases."""
+        shards, scopes, identifiers = where.shards, where.scopes, where.identifiers
+        return wake_backed_off(self.using, model, shards, scopes, identifiers)

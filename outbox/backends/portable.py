@@ -9,10 +9,8 @@ times are the database's `Now()`.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from datetime import timedelta
-from functools import reduce
 from typing import Any, cast
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -41,6 +39,7 @@ from outbox.backends.base import (
     Window,
 )
 from outbox.backends.coalesce import coalesce
+from outbox.backends.conditions import any_of, lease_key
 from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet
 from outbox.shards import ShardKey
 
@@ -49,20 +48,6 @@ def db_now_plus(seconds: float) -> ExpressionWrapper[Any]:
     """The database clock plus a delay, as an expression."""
     return ExpressionWrapper(
         Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField()
-    )
-
-
-def any_of(conditions: Sequence[Q]) -> Q:
-    """OR of the conditions; matches nothing when there are none."""
-    return reduce(operator.or_, conditions) if conditions else Q(pk__in=[])
-
-
-def lease_key(key: ShardKey) -> Q:
-    """The lease row of one shard, as a condition (for OR-ing and `When`)."""
-    return Q(
-        region_name=key.region_name,
-        shard_scope=key.shard_scope,
-        shard_identifier=key.shard_identifier,
     )
 
 

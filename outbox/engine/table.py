@@ -24,11 +24,11 @@ from contextlib import contextmanager
 
 from django.db import connections, router
 
-import outbox.engine.events as events
 from outbox.backends import get_backend
-from outbox.backends.base import Lease, ShardFilter, Window
+from outbox.backends.base import Lease
 from outbox.conf import outbox_settings
 from outbox.engine.batch import BatchWorker
+from outbox.engine.claims import Claims
 from outbox.engine.leases import retrying
 from outbox.engine.pace import Pace, rows_per_shard, shard_budget
 from outbox.engine.pipeline import ClaimAhead, Claimed, SettleBehind, Unsettled
@@ -67,12 +67,11 @@ class Drainer:
         self.identifiers = identifiers
         self.stop = stop or threading.Event()
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"[:128]
-        self._cursor: ShardKey | None = None
-        self._small = False  # the last batch was full, of shards of a row or two each
         self.concurrency = concurrency  # None: OUTBOX_CONCURRENCY
         self._kept_slots = slots  # a pool kept by the caller across drains, else None
         self._stragglers: Stragglers | None = None  # while delivering on slots
         self._batch = BatchWorker(self.model, self.using, self.backend, self.stop)
+        self._claims = Claims(self._batch, self.holder, scopes, identifiers)
         self._pace = Pace()
         self._claimed_again = False
 
@@ -81,6 +80,7 @@ class Drainer:
         self._refuse_open_transaction()
         stats = DrainStats()
         started = time.monotonic()
+        self._claims.wake()
         behind = None
         if outbox_settings.SETTLE_IN_BACKGROUND and self.backend.settles_behind:
             behind = SettleBehind(self.backend, self.model, self.using)
@@ -178,27 +178,27 @@ class Drainer:
             if claimed.lease.shards:
                 return claimed
             ahead.cancel()
-        lease = self._claim(self._new_lease(), limit)
+        lease = self._claims.claim(self._claims.new_lease(), limit)
         if not lease.shards and not stats.shards and not self._claimed_again:
             # A drain's first claim can lose every shard to one started at the same
             # moment (their claims walked the same shards); the winner's leases are
             # committed now, so one more look finds the shards it left.
             self._claimed_again = True
             time.sleep(random.uniform(0.001, 0.005))
-            lease = self._claim(self._new_lease(), limit)
+            lease = self._claims.claim(self._claims.new_lease(), limit)
         return Claimed(lease)
 
     def _next_limit(self, batch: DrainStats, *, full: bool) -> int:
         """How many shards the next claim takes, after `batch`; and whether they are
         likely small: `batch` was full (a backlog) and its shards held a row or two
         each (a backend may then look for them differently)."""
-        self._small = full and 0 < rows_per_shard(batch) <= 1.5
+        self._claims.small = full and 0 < rows_per_shard(batch) <= 1.5
         budget = shard_budget(self.backend.wide_batches, batch)
         return self._pace.limit(budget, self._slot_count)
 
     def _claimer(self, limit: int) -> Callable[[], Lease]:
         """The next claim, to run ahead on another thread."""
-        return lambda: self._claim(self._new_lease(), limit)
+        return lambda: self._claims.claim(self._claims.new_lease(), limit)
 
     def _settle_behind(
         self,
@@ -226,18 +226,24 @@ class Drainer:
             stats.add(self.flush(dict.fromkeys(shards)))
         return stats
 
-    def flush(self, bounds: Mapping[ShardKey, int | None]) -> DrainStats:
+    def flush(self, bounds: Mapping[ShardKey, int | None], *, wake: bool = True) -> DrainStats:
         """Deliver the due rows of these shards up to their bounds, if no one holds them.
 
-        A shard someone else holds is left to its holder or the drain.
+        A shard someone else holds is left to its holder or the drain. A shard backing
+        off after a failure, which these rows reached since, is woken for one early
+        attempt (`wake`), then flushed.
         """
         self._refuse_open_transaction()
         started = time.monotonic()
-        lease = self._new_lease()
-        window = self._claim_and_read(lease, tuple(bounds))
+        lease = self._claims.new_lease()
+        window = self._claims.claim_and_read(lease, tuple(bounds))
         if window is None:
-            self._claim(lease, len(bounds), shards=tuple(bounds))
+            self._claims.claim(lease, len(bounds), shards=tuple(bounds))
+        won = set(lease.shards)
         stats, _ = self._batch.work(lease, bounds=bounds, window=window)
+        missed = tuple(key for key in bounds if key not in won)
+        if wake and missed and (woken := self._claims.wake(missed)):
+            stats.add(self.flush({key: bounds[key] for key in woken}, wake=False))
         stats.seconds = time.monotonic() - started
         return stats
 
@@ -246,49 +252,14 @@ class Drainer:
         scheduler to hand out; committed on return. The caller passes `lease.token` and
         `lease.shards` on, and the worker that drains them calls `unreserve` first."""
         self._refuse_open_transaction()
-        return self._claim(Lease(uuid.uuid4().hex, holder, outbox_settings.LEASE_SECONDS), limit)
+        lease = Lease(uuid.uuid4().hex, holder, outbox_settings.LEASE_SECONDS)
+        return self._claims.claim(lease, limit)
 
     def unreserve(self, token: str, shards: Sequence[ShardKey]) -> None:
         """Release `shards` where the reservation `token` still holds them."""
         lease = Lease(token, self.holder, outbox_settings.LEASE_SECONDS, list(shards))
         retrying(lambda: self.backend.release(self.model, lease, lease.shards))
 
-    def _claim(self, lease: Lease, limit: int, shards: tuple[ShardKey, ...] | None = None) -> Lease:
-        """Claim up to `limit` shards (of `shards`, if given) passing this drainer's
-        filters; the next claim resumes after the last shard won."""
-        where = ShardFilter(
-            shards=shards,
-            scopes=tuple(self.scopes) if self.scopes else None,
-            identifiers=tuple(self.identifiers) if self.identifiers else None,
-            after=self._cursor if shards is None else None,
-            small=self._small and shards is None,
-        )
-        started = time.monotonic()
-        retrying(lambda: self.backend.claim(self.model, lease, where, limit))
-        events.claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)
-        if shards is None and lease.shards:
-            self._cursor = lease.shards[-1]
-        return lease
-
-    def _claim_and_read(self, lease: Lease, shards: tuple[ShardKey, ...]) -> Window | None:
-        """Claim `shards` and read the won ones in one step where the backend can (and
-        no scope or identifier filter applies); None: claim, then read."""
-        if self.scopes or self.identifiers:
-            return None
-        started = time.monotonic()  # the claim's duration includes its read here
-        try:
-            rows = self._batch.window_rows()
-            window = retrying(lambda: self.backend.claim_and_read(self.model, lease, shards, rows))
-        except BaseException:
-            self._batch.release_remaining(lease)  # won, then failed reading: let them go now
-            raise
-        if window is not None:
-            events.claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)
-        return window
-
     def _refuse_open_transaction(self) -> None:
         if connections[self.using].in_atomic_block:
             raise DrainInTransaction.refusing(self.model._meta.label, self.using)
-
-    def _new_lease(self) -> Lease:
-        return Lease(uuid.uuid4().hex, self.holder, outbox_settings.LEASE_SECONDS)
