@@ -13,7 +13,7 @@ import time
 import pytest
 from django.db import transaction
 
-from outbox import outbox_context
+from outbox import RetryLater, outbox_context
 from outbox.engine import drain_outboxes
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing
@@ -127,3 +127,23 @@ def test_a_scheduled_message_does_not_wake_the_shard(calls, attempts):
     RegionOutbox.objects.filter(object_identifier=2).update(scheduled_for=back_off_end)
     assert drain_outboxes([RegionOutbox]).shards == 0
     assert attempts == [1]
+
+
+def test_a_delay_the_receiver_asked_for_is_kept(calls, attempts):
+    """RetryLater (a rate limit's Retry-After) says when to try again: a new message
+    does not end that wait."""
+    asked = []
+
+    def ask_later(sender, kwargs):
+        attempts.append(kwargs["payload"]["n"])
+        if not asked:
+            asked.append(True)
+            raise RetryLater(600, "rate limited")
+
+    calls.during_call = ask_later
+    change(1, flush=True)
+    assert ShardLease.objects.backing_off().count() == 1
+    change(2, flush=True)
+    assert drain_outboxes([RegionOutbox]).shards == 0
+    assert attempts == [1]
+    assert calls.payloads() == []

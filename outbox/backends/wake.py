@@ -11,7 +11,8 @@ count, and a new failure puts the shard back on the back-off that count gives.
 "Written since the failure" compares, on the database clock, a due row's
 `scheduled_from` (its write; on PostgreSQL the start of the writing transaction) with
 that of the shard's failed rows (their last failed attempt). A row that has failed
-itself never wakes its shard, so a wake happens at most once per write.
+itself never wakes its shard, so a wake happens at most once per write. A delay a
+receiver asked for (`RetryLater`, a rate limit's Retry-After) is kept.
 
 Every backend runs this through the ORM, where a drain starts or a flush found a shard
 it wrote to backing off. It reads the table's backing-off leases first (usually none),
@@ -29,6 +30,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 
 from outbox.backends.conditions import any_of, lease_key
+from outbox.exceptions import RetryLater
 from outbox.models import OutboxBase, ShardLease
 from outbox.shards import ShardKey
 
@@ -63,7 +65,8 @@ def wake_backed_off(
         return []  # the usual case: one look at the lease table
     pending = model._default_manager.using(using).filter(dead_at__isnull=True)
     of_backing_off = pending.filter(any_of([_rows_of(model, key) for key in backing_off]))
-    reached = _waiting_out_failure(of_backing_off).filter(Exists(_newer(pending, model)))
+    failed = _back_off_of_its_own(_waiting_out_failure(of_backing_off))
+    reached = failed.filter(Exists(_newer(pending, model)))
     found = reached.order_by().values_list(*model.shard_fields).distinct()
     woken = sorted({model.shard_key_of(values) for values in found})
     if woken:
@@ -78,6 +81,13 @@ def wake_backed_off(
 def _waiting_out_failure(rows: QuerySet[Any]) -> QuerySet[Any]:
     waiting: QuerySet[Any] = rows.filter(attempts__gt=0, scheduled_for__gt=Now())
     return waiting
+
+
+def _back_off_of_its_own(rows: QuerySet[Any]) -> QuerySet[Any]:
+    """Failed rows on the back-off curve, not on a delay a receiver asked for with
+    `RetryLater` (its error line names it): that delay is kept."""
+    own: QuerySet[Any] = rows.exclude(last_error__contains=RetryLater.__name__)
+    return own
 
 
 def _rows_of(model: type[OutboxBase], key: ShardKey) -> Q:
