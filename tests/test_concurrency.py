@@ -168,3 +168,43 @@ def test_after_a_hung_receiver_its_batch_is_not_delivered_without_the_lease(call
     assert taken_over["stats"].shards == 2
     assert calls.payloads().count({"v": "next"}) == 1
     assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()
+
+
+def test_new_writes_wake_backing_off_shards_once_each_in_order(calls):
+    """Shards back off after a failure; the receiver is fixed; two writers flush new
+    messages to them while two drainers run. The back-offs (30 s and more in the test
+    settings) never have to end: each write wakes its shard, every message is delivered
+    once, in order, with no two deliveries of a shard at once."""
+    calls.journal = True
+    calls.failing = set(range(8))
+    for shard in range(8):
+        with outbox_context(transaction.atomic()):
+            RegionOutboxFactory(shard_identifier=shard, object_identifier=shard * 1000)
+    assert ShardLease.objects.backing_off().count() == 8
+    calls.failing = set()
+    writing = threading.Barrier(2)
+    finished = []
+
+    def writer(shards):
+        def write():
+            writing.wait()
+            for n in range(1, 9):
+                for shard in shards:
+                    with outbox_context(transaction.atomic()):
+                        RegionOutboxFactory(
+                            shard_identifier=shard, object_identifier=shard * 1000 + n
+                        )
+            finished.append(shards)
+
+        return write
+
+    def drain():
+        while len(finished) < 2:
+            drain_outboxes([RegionOutbox])
+        drain_until_empty()
+
+    run_threads(writer(range(4)), writer(range(4, 8)), drain, drain)
+    by_shard = assert_no_overlap_and_in_order()
+    delivered = sorted(d.object_identifier for ds in by_shard.values() for d in ds)
+    assert delivered == sorted(shard * 1000 + n for shard in range(8) for n in range(9))
+    assert not ShardLease.objects.exists()
