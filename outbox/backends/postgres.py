@@ -245,8 +245,8 @@ def _share(shards: int, limit: int) -> int:
     """The rows read per shard: each shard gets its share of the window, read through
     the shard index, so the cost follows the rows read and not the size of the shards.
     At least 100 rows for a batch of up to 100 shards, fewer (never under 2, so a
-    one-row shard is read to its end) for a wide batch of small shards, about 10k rows
-    at most."""
+    one-row shard is read to its end) for a wide batch of small shards, 10,000 rows
+    in all at most."""
     count = max(shards, 1)
     return max(limit // count, min(100, max(10_000 // count, 2)))
 

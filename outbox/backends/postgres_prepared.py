@@ -15,9 +15,9 @@ scalars so that its generic plan costs the same as a planned one and is chosen.
 Only statements whose parameters are all scalars are prepared (the backend says which):
 a generic plan takes an array parameter for 10 elements, and PostgreSQL's `auto` plan
 cache mode, seeing it no dearer than the plans made for small flushes, kept it for a
-drain's batch of 2,000 shards too, where it settled 100 times slower and claimed and
-read 1.4-1.7 times slower than a plan made for the batch (one message per shard: 2.8k
-messages a second against 27-30k).
+drain's batch of thousands of shards too, where it settled, claimed and read far slower
+than a plan made for the batch (bench/README.md, "Why array statements are not
+prepared", has the figures).
 """
 
 from __future__ import annotations

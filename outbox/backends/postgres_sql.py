@@ -48,7 +48,7 @@ class _Renderer(FindSql, SettleSql):
         """One given key (three scalars), claimed by one upsert if it is due and its lease
         is missing or expired; `won` returns it if won. A synchronous flush's claim:
         PostgreSQL takes longer to parse and plan `claim_steps` than to run it for one
-        key, and this statement saves 0.4-0.6 ms of that a flush. Unlike `claim_steps`,
+        key, and this statement spares a flush most of that. Unlike `claim_steps`,
         an expired lease that another claimer has locked is waited for, not skipped, then
         looked at again: taken over, it is not won; deleted, the key is inserted. A lease
         live in the statement's snapshot is not touched. Its generic plan, unlike that of
