@@ -4,6 +4,8 @@ a discard per cause with the permissions of the change list's actions, the admin
 import pytest
 from django.contrib import messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.db import connections
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -136,3 +138,17 @@ def test_control_outbox_causes_work_on_its_own_database(admin_client):
     assert causes_shown(page) == [(cause_of(DOWN).key, 2)]
     admin_client.post(page_url, {"verb": "discard", "cause": cause_of(DOWN).key})
     assert not ControlOutbox.objects.exists()
+
+
+def test_the_page_costs_the_same_queries_for_few_or_many_dead_letters(admin_client):
+    def queries_for_page():
+        with CaptureQueriesContext(connections["default"]) as queries:
+            assert admin_client.get(reverse(PAGE)).status_code == 200
+        return len(queries)
+
+    for n in range(3):
+        dead_letter(DOWN.replace("17", str(n)), n)
+    few = queries_for_page()
+    for n in range(3, 40):
+        dead_letter(DOWN.replace("17", str(n)) if n % 2 else f"{RECORD}: KeyError: '{n}'", n)
+    assert queries_for_page() == few
