@@ -19,7 +19,7 @@ import hashlib
 import re
 import traceback
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 # Only the start of `last_error` decides a cause: every reader reads this much of it.
 CAUSE_CHARS = 1000
@@ -89,7 +89,7 @@ class Cause:
 
     failures: tuple[Failure, ...]
 
-    @property
+    @cached_property
     def key(self) -> str:
         canonical = "\n".join(
             f"{failure.receiver}\t{failure.exception}\t{failure.message}"
