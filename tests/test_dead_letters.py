@@ -8,6 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db.models.functions import Now
 from django.dispatch import receiver
+from django.utils import timezone
 
 from outbox import OutboxCategory, OutboxScope
 from outbox.engine import drain_outboxes
@@ -170,5 +171,78 @@ def test_the_command_lists_retries_and_discards(calls, settings):
     ],
 )
 def test_the_command_refuses_bad_input(args, message):
+    with pytest.raises(CommandError, match=message):
+        run(*args)
+
+
+def dead_letter(error, shard_identifier, category=Category.AUDIT_EVENT):
+    return RegionOutboxFactory(
+        shard_identifier=shard_identifier,
+        category=category,
+        attempts=3,
+        dead_at=timezone.now(),
+        last_error=error,
+    )
+
+
+RECORD = "tests.testapp.receivers.record"
+
+
+def test_list_group_shows_each_cause_with_its_key(calls, settings):
+    settings.OUTBOX_MAX_ATTEMPTS = 1
+    calls.failing = {1, 2}
+    RegionOutboxFactory(shard_identifier=1, category=Category.AUDIT_EVENT)
+    RegionOutboxFactory(shard_identifier=2, category=Category.ORGANIZATION_UPDATE)
+    drain_outboxes()
+    dead_letter("ValueError: bad payload 'x'", 3)
+    listed = json.loads(run("list", "--group", "--json"))
+    assert [(group["count"], group["failures"]) for group in listed] == [
+        (2, [{"receiver": RECORD, "exception": "RuntimeError",
+              "message": "receiver failed for shard <n>"}]),
+        (1, [{"receiver": "", "exception": "ValueError", "message": "bad payload <str>"}]),
+    ]  # fmt: skip
+    down = listed[0]
+    assert down["table"] == "outbox.RegionOutbox"
+    assert down["categories"] == ["AUDIT_EVENT", "ORGANIZATION_UPDATE"]
+    assert down["sample_error"] == f"{RECORD}: RuntimeError: receiver failed for shard 1"
+    assert down["first_dead_at"] <= down["last_dead_at"] and len(down["sample_ids"]) == 2
+    text = run("list", "--group")
+    assert "outbox.RegionOutbox: 3 dead letter(s), 2 cause(s)" in text
+    assert (
+        f"  {down['cause']}  2 dead letter(s): {RECORD}: RuntimeError: receiver failed for "
+        "shard <n>\n" in text
+    )
+    assert "unknown receiver: ValueError: bad payload <str>" in text
+    assert text.endswith("2 cause(s).\n")
+    only = json.loads(run("list", "--group", "--json", "--cause", down["cause"]))
+    assert [group["cause"] for group in only] == [down["cause"]]
+
+
+def test_retry_and_discard_select_dead_letters_by_cause(calls):
+    down = [dead_letter(f"{RECORD}: RuntimeError: shard {n} down", n) for n in (1, 2)]
+    missing = dead_letter(f"{RECORD}: KeyError: 'name'", 3)
+    other = dead_letter("ValueError: bad", 4)
+    key = json.loads(run("list", "--group", "--json"))[0]["cause"]
+    listed = json.loads(run("list", "--json", "--cause", key))
+    assert [row["id"] for row in listed] == [row.pk for row in down]
+    # A cause is a selection: no --all needed; it narrows the other selections.
+    assert "Retried 1 dead letter(s)." in run("retry", "--cause", key, "--shard", "2")
+    assert "Retried 1 dead letter(s)." in run("retry", "--cause", key.upper())
+    assert not RegionOutbox.objects.filter(pk__in=[row.pk for row in down]).dead().exists()
+    missing_key = json.loads(run("list", "--group", "--json", "--id", str(missing.pk)))[0]
+    other_key = json.loads(run("list", "--group", "--json", "--id", str(other.pk)))[0]
+    out = run("discard", "--cause", missing_key["cause"], "--cause", other_key["cause"])
+    assert "Discarded 2 dead letter(s)." in out
+    assert not RegionOutbox.objects.dead().exists() and RegionOutbox.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["retry", "--cause", "nope"], "is not a cause key"),
+        (["retry", "--all", "--group"], "--group goes with list"),
+    ],
+)
+def test_the_cause_options_refuse_bad_input(args, message):
     with pytest.raises(CommandError, match=message):
         run(*args)

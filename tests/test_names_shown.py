@@ -68,7 +68,11 @@ def test_failure_and_dead_letter_lines_name_the_scope_and_category(calls, settin
     for record, end in ((failed, ", will retry: "), (dead, ", dead-lettered: ")):
         line = record.getMessage()
         assert "shard ORGANIZATION/1 category AUDIT_EVENT object 9 " in line, line
-        assert end + "RuntimeError: receiver failed for shard 1" in line
+        # The error names the receiver that failed, a lone one too.
+        assert (
+            end + "tests.testapp.receivers.record: RuntimeError: receiver failed for shard 1"
+            in line
+        )
         # The numbers stay in the record's fields, as dashboards read them.
         assert (record.scope, record.shard, record.category) == (0, "0/1", 2)
         assert record.object_identifier == 9

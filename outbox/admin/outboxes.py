@@ -1,4 +1,5 @@
-"""The messages of each outbox table, by name, with retry and discard actions."""
+"""The messages of each outbox table, by name, with retry and discard actions; their dead
+letters by cause on a page of their own (`outbox.admin.causes`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 import outbox.admin.bulk as bulk
-from outbox.admin.base import OperatorAdmin, labelled
+from outbox.admin.base import labelled
+from outbox.admin.causes import DeadLetterCausesAdmin
 from outbox.admin.filters import CategoryFilter, DeliveryStateFilter, ScopeFilter, name_of
 from outbox.categories import registry
 from outbox.models import ControlOutbox, OutboxBase, RegionOutbox
@@ -20,7 +22,7 @@ from outbox.models import ControlOutbox, OutboxBase, RegionOutbox
 Rows = QuerySet[Any]
 
 
-class OutboxAdmin(OperatorAdmin):
+class OutboxAdmin(DeadLetterCausesAdmin):
     list_display = [
         "id",
         "message_id",

@@ -16,6 +16,7 @@ from outbox.engine.events import category_named, shard_named
 from outbox.engine.receivers import DeliveryFailed
 from outbox.exceptions import NoReceiver, OutboxError, PermanentFailure, RetryLater
 from outbox.models import OutboxBase
+from outbox.models.causes import error_line
 from outbox.signals import delivery_failed, message_dead_lettered
 
 logger = logging.getLogger("outbox.engine")
@@ -99,12 +100,8 @@ def judge(
 
 
 def _describe(named: list[tuple[str, Exception]]) -> str:
-    lines = [
-        (f"{name}: " if name and len(named) > 1 else "")
-        + "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        for name, exc in named
-    ]
-    return "\n".join(lines)[:_ERROR_LIMIT]
+    # Each failure names its receiver, a lone one too: dead letters are grouped by it.
+    return "\n".join(error_line(name, exc) for name, exc in named)[:_ERROR_LIMIT]
 
 
 def _format(exc: BaseException) -> str:

@@ -1,10 +1,13 @@
 """`manage.py outbox_dead_letters list|retry|discard`: inspect dead letters, send them
 again (pending and due now, attempts reset, back in their shard's order), or delete
 them. `retry` and `discard` need a selection (`--id`, `--message-id`, `--shard`,
-`--category`) or `--all`, so that nothing is revived or deleted by accident."""
+`--category`, `--cause`) or `--all`, so that nothing is revived or deleted by accident.
+`list --group` shows them grouped by cause (receiver, exception type, normalised
+message: see `outbox.models.causes`), each cause with the key `--cause` selects."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import uuid
 from typing import Any, cast
@@ -15,6 +18,14 @@ from outbox.categories import registry
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.management.arguments import database_alias, outbox_table
 from outbox.models import OutboxBase, OutboxQuerySet, outbox_models
+from outbox.models.causes import KEY_LENGTH, is_cause_key
+from outbox.models.dead_letter_groups import (
+    DeadLetterGroup,
+    Grouping,
+    cause_ids,
+    group_dead_letters,
+    in_slices,
+)
 
 LIST_LIMIT = 1000
 
@@ -36,19 +47,31 @@ class Command(BaseCommand):
                             help="Only this shard_identifier (repeatable).")  # fmt: skip
         parser.add_argument("--category", action="append", default=[],
                             help="Only this category, by name or value (repeatable).")  # fmt: skip
+        parser.add_argument("--cause", type=_cause_key, action="append", default=[],
+                            metavar="KEY", help="Only the dead letters of this cause, by the "
+                            "key list --group shows (repeatable).")  # fmt: skip
         parser.add_argument("--all", action="store_true", help="Every dead letter selected.")
+        parser.add_argument("--group", action="store_true",
+                            help="list: group the dead letters by cause.")  # fmt: skip
         parser.add_argument("--json", action="store_true", help="list: print JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         alias = database_alias(options["database"])
-        narrowed = options["id"] or options["message_id"] or options["shard"] or options["category"]
-        if options["action"] != "list" and not (narrowed or options["all"]):
+        if options["action"] != "list" and not (_narrowed(options) or options["all"]):
             raise CommandError(
-                "Say which dead letters: --id, --message-id, --shard, --category, or --all."
+                "Say which dead letters: --id, --message-id, --shard, --category, --cause, "
+                "or --all."
             )
         if options["json"] and options["action"] != "list":
             raise CommandError("--json goes with list.")
+        if options["group"] and options["action"] != "list":
+            raise CommandError("--group goes with list.")
         selections = [self._select(model, alias, options) for model in self._tables(options)]
+        if options["group"]:
+            self._list_groups(selections, set(options["cause"]), options["json"])
+            return
+        if options["cause"]:
+            selections = self._of_causes(selections, set(options["cause"]), options["action"])
         if options["action"] == "list":
             self._list(selections, options["json"])
             return
@@ -75,6 +98,15 @@ class Command(BaseCommand):
             rows = rows.filter(category__in=[_category(name) for name in options["category"]])
         return cast("OutboxQuerySet[Any]", rows.order_by("id"))
 
+    def _of_causes(
+        self, selections: list[OutboxQuerySet[Any]], keys: set[str], action: str
+    ) -> list[OutboxQuerySet[Any]]:
+        """Each selection narrowed to the dead letters of these causes, in slices of ids."""
+        limit = LIST_LIMIT if action == "list" else None
+        return [
+            part for rows in selections for part in in_slices(rows, cause_ids(rows, keys, limit))
+        ]
+
     def _list(self, selections: list[OutboxQuerySet[Any]], as_json: bool) -> None:
         found = [_describe(row) for rows in selections for row in rows[:LIST_LIMIT]]
         if as_json:
@@ -89,6 +121,83 @@ class Command(BaseCommand):
                 f"{row['dead_at']}: {error}"
             )
         self.stdout.write(f"{len(found)} dead letter(s).")
+
+    def _list_groups(
+        self, selections: list[OutboxQuerySet[Any]], keys: set[str], as_json: bool
+    ) -> None:
+        """Each table's dead letters by cause, the largest first (only these causes when
+        `keys`)."""
+        tables = [(rows.model._meta.label, group_dead_letters(rows)) for rows in selections]
+        if as_json:
+            found = [_group_json(table, group) for table, grouping in tables
+                     for group in _kept(grouping, keys)]  # fmt: skip
+            found += [_other_json(table, grouping) for table, grouping in tables
+                      if grouping.other and not keys]  # fmt: skip
+            self.stdout.write(json.dumps(found, indent=2))
+            return
+        for table, grouping in tables:
+            groups = _kept(grouping, keys)
+            if not groups and not grouping.other:
+                continue
+            self.stdout.write(
+                f"{table}: {grouping.letters} dead letter(s), {len(grouping.groups)} cause(s)"
+            )
+            for group in groups:
+                self._write_group(group)
+            if grouping.other and not keys:
+                self.stdout.write(f"  {grouping.other} dead letter(s) of further causes")
+        self.stdout.write(f"{sum(len(_kept(grouping, keys)) for _, grouping in tables)} cause(s).")
+
+    def _write_group(self, group: DeadLetterGroup) -> None:
+        indent = " " * (KEY_LENGTH + 4)
+        self.stdout.write(f"  {group.key}  {group.count} dead letter(s): {group.cause}")
+        self.stdout.write(
+            f"{indent}categories {', '.join(group.category_names)}; dead from "
+            f"{_iso(group.first_dead_at)} to {_iso(group.last_dead_at)}"
+        )
+        example = group.sample_error.splitlines()[0] if group.sample_error else ""
+        self.stdout.write(f"{indent}e.g. #{group.sample_ids[0]}: {example}")
+
+
+def _narrowed(options: dict[str, Any]) -> bool:
+    selections = ("id", "message_id", "shard", "category", "cause")
+    return any(options[selection] for selection in selections)
+
+
+def _cause_key(text: str) -> str:
+    """An argparse type: a cause key as list --group shows it."""
+    key = text.strip().lower()
+    if not is_cause_key(key):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a cause key ({KEY_LENGTH} hex digits, as list --group shows)"
+        )
+    return key
+
+
+def _kept(grouping: Grouping, keys: set[str]) -> list[DeadLetterGroup]:
+    return [group for group in grouping.groups if not keys or group.key in keys]
+
+
+def _group_json(table: str, group: DeadLetterGroup) -> dict[str, Any]:
+    return {
+        "table": table,
+        "cause": group.key,
+        "count": group.count,
+        "failures": [
+            {"receiver": f.receiver, "exception": f.exception, "message": f.message}
+            for f in group.cause.failures
+        ],
+        "categories": group.category_names,
+        "first_dead_at": _iso(group.first_dead_at),
+        "last_dead_at": _iso(group.last_dead_at),
+        "sample_error": group.sample_error,
+        "sample_ids": group.sample_ids,
+    }
+
+
+def _other_json(table: str, grouping: Grouping) -> dict[str, Any]:
+    """The dead letters of causes past the grouping's bound, as one entry with no key."""
+    return {"table": table, "cause": None, "count": grouping.other, "failures": []}
 
 
 def _category(name: str) -> int:
