@@ -187,11 +187,12 @@ def describe_holder(holder: dict[str, Any]) -> str:
 
 def describe_table(figures: dict[str, Any]) -> str:
     """E.g. "outbox_regionoutbox: 120 dead / 4 live tuples, last autovacuum
-    2026-01-02T03:04:05+00:00, last vacuum never"."""
+    2026-01-02T03:04:05+00:00, last vacuum never, options fillfactor=90"."""
     if figures["live_tuples"] is None:
         return f"{figures['table']}: no statistics (not found on this database)"
+    options = f", options {' '.join(figures['options'])}" if figures["options"] else ""
     return (
         f"{figures['table']}: {figures['dead_tuples']} dead / {figures['live_tuples']} live "
         f"tuples, last autovacuum {figures['last_autovacuum'] or 'never'}, "
-        f"last vacuum {figures['last_vacuum'] or 'never'}"
+        f"last vacuum {figures['last_vacuum'] or 'never'}{options}"
     )

@@ -152,6 +152,7 @@ def test_deleted_rows_show_as_dead_tuples_and_pass_max_dead_tuples(autovacuum_of
     assert tables["outbox.RegionOutbox"]["vacuum"]["lease_table"]["table"] == "outbox_shardlease"
     assert f"vacuum: outbox_regionoutbox: {figures['dead_tuples']} dead / 0 live tuples" in text
     assert "lease table outbox_shardlease: " in text
+    assert ", options autovacuum_enabled=off\n" in text
     with connection.cursor() as cursor:
         cursor.execute("SHOW autovacuum")
         server = cursor.fetchone()[0] == "on"

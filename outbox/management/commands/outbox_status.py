@@ -65,7 +65,7 @@ class Command(BaseCommand):
             "--max-xmin-xids",
             type=int,
             metavar="N",
-            help="PostgreSQL: fail when it is more than N transaction ids old.",
+            help="PostgreSQL: the same, in transaction ids (also a slot's or another role's).",
         )
         parser.add_argument(
             "--max-dead-tuples",
