@@ -2,9 +2,8 @@
 on PostgreSQL, `outbox.vacuum`.
 
 `problems()` returns what is wrong, in words (empty when healthy); `manage.py
-outbox_status --max-lag/--max-dead/--max-expired/--max-xmin-age/--max-xmin-xids/
---max-dead-tuples` exits non-zero on them, and
-`outbox.integrations.health_check.OutboxHealthCheck` reports them to
+outbox_status` exits non-zero on them (its `--max-...` options, one per `Thresholds`
+field), and `outbox.integrations.health_check.OutboxHealthCheck` reports them to
 django-health-check. `backlog()` is the one-line figure the drain loop's heartbeat logs.
 
 They refuse what `outbox_status` refuses: a database alias DATABASES does not have
