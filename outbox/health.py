@@ -1,8 +1,9 @@
-"""Health of the outboxes, for probes and monitoring: thresholds over `outbox.status`.
+"""Health of the outboxes, for probes and monitoring: thresholds over `outbox.status` and,
+on PostgreSQL, `outbox.vacuum`.
 
 `problems()` returns what is wrong, in words (empty when healthy); `manage.py
-outbox_status --max-lag/--max-dead/--max-expired` exits non-zero on them, and
-`outbox.integrations.health_check.OutboxHealthCheck` reports them to
+outbox_status` exits non-zero on them (its `--max-...` options, one per `Thresholds`
+field), and `outbox.integrations.health_check.OutboxHealthCheck` reports them to
 django-health-check. `backlog()` is the one-line figure the drain loop's heartbeat logs.
 
 They refuse what `outbox_status` refuses: a database alias DATABASES does not have
@@ -21,6 +22,7 @@ from typing import Any
 from outbox.exceptions import InvalidThreshold
 from outbox.models import OutboxBase, outbox_models
 from outbox.status import known_database, table_status
+from outbox.vacuum import attach, describe_holder
 
 
 @dataclass(frozen=True)
@@ -30,18 +32,28 @@ class Thresholds:
 
     `max_expired` counts the shards whose worker's lease ran out (a dead worker's), not
     those whose back-off is over and which wait for a drain (`retry_due_shards`: a
-    routine retry; with no drain running, the lag grows and `max_lag_seconds` sees it)."""
+    routine retry; with no drain running, the lag grows and `max_lag_seconds` sees it).
+
+    The vacuum limits apply on PostgreSQL only (elsewhere there is nothing to check):
+    `max_xmin_age_seconds` over the age of the oldest transaction holding back vacuum in
+    a database (one whose age is hidden, a replication slot's or another role's, is not
+    judged), `max_xmin_xids` over its age in transaction ids (always known),
+    `max_dead_tuples` over the dead tuples of each outbox table and of the lease
+    table."""
 
     max_lag_seconds: float | None = None
     max_dead: int | None = None
     max_expired: int | None = None
+    max_xmin_age_seconds: float | None = None
+    max_xmin_xids: int | None = None
+    max_dead_tuples: int | None = None
 
     def __post_init__(self) -> None:
         for limit in fields(self):
             value = getattr(self, limit.name)
             if value is None:
                 continue
-            seconds = limit.name == "max_lag_seconds"
+            seconds = limit.name.endswith("_seconds")
             kind = Real if seconds else Integral
             if isinstance(value, kind) and not isinstance(value, bool) and float(value) >= 0:
                 continue  # NaN is not >= 0
@@ -53,11 +65,19 @@ class Thresholds:
 
 
 def statuses(
-    using: str | None = None, models: Sequence[type[OutboxBase]] | None = None
+    using: str | None = None,
+    models: Sequence[type[OutboxBase]] | None = None,
+    *,
+    vacuum: bool = True,
 ) -> list[dict[str, Any]]:
-    """`table_status` of every outbox table (or of `models`)."""
+    """`table_status` of every outbox table (or of `models`), each with its "vacuum"
+    reading (`outbox.vacuum.attach`: None off PostgreSQL) unless `vacuum` is False."""
     alias = known_database(using)
-    return [table_status(model, alias) for model in models or outbox_models()]
+    chosen = list(models or outbox_models())
+    tables = [table_status(model, alias) for model in chosen]
+    if vacuum:
+        attach(tables, chosen)
+    return tables
 
 
 def problems(tables: Sequence[dict[str, Any]], thresholds: Thresholds) -> list[str]:
@@ -75,7 +95,52 @@ def problems(tables: Sequence[dict[str, Any]], thresholds: Thresholds) -> list[s
                 f"{name}: {expired} shard(s) with an expired lease (a dead worker's), "
                 f"over {thresholds.max_expired}"
             )
+    return found + _vacuum_problems(tables, thresholds)
+
+
+def _vacuum_problems(tables: Sequence[dict[str, Any]], thresholds: Thresholds) -> list[str]:
+    """The vacuum limits: each table's dead tuples, and once per database the lease
+    table's and the oldest xmin's age. Tables without a reading are not judged."""
+    found: list[str] = []
+    databases = set()
+    for table in tables:
+        vacuum, database = table.get("vacuum"), table["database"]
+        if vacuum is None:
+            continue
+        checked = [(table["table"], vacuum["table"])]
+        if database not in databases:
+            databases.add(database)
+            checked.append(("outbox.ShardLease", vacuum["lease_table"]))
+            found += _xmin_problems(database, vacuum["oldest_xmin"], thresholds)
+        limit = thresholds.max_dead_tuples
+        for label, figures in checked:
+            dead = figures["dead_tuples"] or 0
+            if limit is not None and dead > limit:
+                found.append(
+                    f"{label} ({database}): {dead} dead tuples in {figures['table']}, over {limit}"
+                )
     return found
+
+
+def _xmin_problems(
+    database: str, holder: dict[str, Any] | None, thresholds: Thresholds
+) -> list[str]:
+    """The oldest xmin past its age in seconds (when known) or in transaction ids."""
+    if holder is None:
+        return []
+    seconds, xids = holder["age_seconds"] or 0.0, holder["xid_age"]
+    max_seconds, max_xids = thresholds.max_xmin_age_seconds, thresholds.max_xmin_xids
+    passed = []
+    if max_seconds is not None and seconds > max_seconds:  # an unknown age passes none
+        passed.append(f"{max_seconds:g}s")
+    if max_xids is not None and xids > max_xids:
+        passed.append(f"{max_xids} xids")
+    if not passed:
+        return []
+    return [
+        f"{database}: the oldest transaction holding back vacuum is over "
+        f"{' and '.join(passed)}: {describe_holder(holder)}"
+    ]
 
 
 def check(using: str | None = None, thresholds: Thresholds | None = None) -> list[str]:
@@ -86,7 +151,7 @@ def check(using: str | None = None, thresholds: Thresholds | None = None) -> lis
 def backlog(using: str | None = None) -> str:
     """'<rows> rows (<due> due) in <shards> shards, lag <s>s, <dead> dead' over all
     tables: the heartbeat's backlog figure."""
-    tables = statuses(using)
+    tables = statuses(using, vacuum=False)
     rows = sum(table["rows"] for table in tables)
     due = sum(table["due_rows"] for table in tables)
     shards = sum(scope["shards"] for table in tables for scope in table["scopes"])

@@ -11,7 +11,10 @@
 
 The check fails (ServiceUnavailable) when a threshold of `outbox.health` is passed: the
 oldest due message waited longer than `max_lag_seconds`, more than `max_dead` dead
-letters, or more than `max_expired` shards whose lease expired (a dead worker's).
+letters, more than `max_expired` shards whose lease expired (a dead worker's), and on
+PostgreSQL a transaction holding back vacuum for longer than `max_xmin_age_seconds` or
+`max_xmin_xids` transaction ids, or more than `max_dead_tuples` dead tuples in an outbox
+table or the lease table.
 """
 
 from __future__ import annotations
@@ -30,9 +33,19 @@ class OutboxHealthCheck(HealthCheck):
     max_dead: int | None = None
     max_expired: int | None = None
     database: str | None = None
+    max_xmin_age_seconds: float | None = None
+    max_xmin_xids: int | None = None
+    max_dead_tuples: int | None = None
 
     def run(self) -> None:
-        thresholds = Thresholds(self.max_lag_seconds, self.max_dead, self.max_expired)
+        thresholds = Thresholds(
+            self.max_lag_seconds,
+            self.max_dead,
+            self.max_expired,
+            max_xmin_age_seconds=self.max_xmin_age_seconds,
+            max_xmin_xids=self.max_xmin_xids,
+            max_dead_tuples=self.max_dead_tuples,
+        )
         found = check(self.database, thresholds)
         if found:
             raise ServiceUnavailable("; ".join(found))

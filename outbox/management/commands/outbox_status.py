@@ -3,10 +3,13 @@
 Per table and scope: rows, shards, due rows, lag (the oldest due row's age), failing
 rows, dead letters, shards held / backing off / retry due (a back-off over, waiting for
 a drain: routine) / expired (a worker's lease ran out: stuck), and the worst shards with
-their last error. `--json` prints the same as JSON. Thresholds (`--max-lag`,
-`--max-dead`, `--max-expired`: expired leases only, never a retry due) make it exit with
-status 6 when passed, naming what passed them, so it serves as a monitoring check or a
-probe.
+their last error; on PostgreSQL, vacuum health (`outbox.vacuum`): each table's dead
+tuples and last vacuum, and per database the lease table's and the oldest transaction
+holding back vacuum (elsewhere it says "not available"). `--json` prints the same as
+JSON. Thresholds (`--max-lag`, `--max-dead`, `--max-expired`: expired leases only, never
+a retry due; `--max-xmin-age`, `--max-xmin-xids`, `--max-dead-tuples`: PostgreSQL only)
+make it exit with status 6 when passed, naming what passed them, so it serves as a
+monitoring check or a probe.
 """
 
 from __future__ import annotations
@@ -15,11 +18,23 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
 from outbox.exceptions import InvalidThreshold
 from outbox.health import Thresholds, problems, statuses
 from outbox.management import exit_codes
 from outbox.management.arguments import database_alias
+from outbox.vacuum import describe_holder, describe_table
+
+# Option name, Thresholds field.
+THRESHOLDS = (
+    ("max_lag", "max_lag_seconds"),
+    ("max_dead", "max_dead"),
+    ("max_expired", "max_expired"),
+    ("max_xmin_age", "max_xmin_age_seconds"),
+    ("max_xmin_xids", "max_xmin_xids"),
+    ("max_dead_tuples", "max_dead_tuples"),
+)
 
 
 class Command(BaseCommand):
@@ -40,14 +55,32 @@ class Command(BaseCommand):
             metavar="N",
             help="Fail when more shards have an expired lease (stuck: a dead worker's).",
         )
+        parser.add_argument(
+            "--max-xmin-age",
+            type=float,
+            metavar="SECONDS",
+            help="PostgreSQL: fail when the oldest transaction holding back vacuum is older.",
+        )
+        parser.add_argument(
+            "--max-xmin-xids",
+            type=int,
+            metavar="N",
+            help="PostgreSQL: the same, in transaction ids (also a slot's or another role's).",
+        )
+        parser.add_argument(
+            "--max-dead-tuples",
+            type=int,
+            metavar="N",
+            help="PostgreSQL: fail when an outbox table or the lease table has more dead tuples.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         alias = database_alias(options["database"])
-        for name in ("max_lag", "max_dead", "max_expired"):
+        for name, _ in THRESHOLDS:
             if options[name] is not None and options[name] < 0:
                 raise CommandError(f"--{name.replace('_', '-')} must not be negative.")
         try:
-            thresholds = Thresholds(options["max_lag"], options["max_dead"], options["max_expired"])
+            thresholds = Thresholds(**{field: options[name] for name, field in THRESHOLDS})
         except InvalidThreshold as exc:  # NaN: argparse's float takes it
             raise CommandError(str(exc)) from exc
         tables = statuses(alias)
@@ -56,6 +89,7 @@ class Command(BaseCommand):
         else:
             for table in tables:
                 self._show(table)
+            self._show_databases(tables)
         found = problems(tables, thresholds)
         if found:
             raise CommandError("; ".join(found), returncode=exit_codes.UNHEALTHY)
@@ -79,9 +113,32 @@ class Command(BaseCommand):
                 f"held {scope['held_shards']}, backing off {scope['backing_off_shards']}, "
                 f"retry due {scope['retry_due_shards']}, expired {scope['expired_shards']}"
             )
+        vacuum = table["vacuum"]
+        self.stdout.write(
+            f"    vacuum: {describe_table(vacuum['table'])}"
+            if vacuum
+            else f"    vacuum: not available on {connections[table['database']].display_name} "
+            "(PostgreSQL only)"
+        )
         for shard in table["worst_shards"]:
             error = shard["last_error"].splitlines()[-1] if shard["last_error"] else ""
             self.stdout.write(
                 f"    worst: shard {shard['shard']} ({shard['scope']}), "
                 f"{shard['attempts']} attempts: {error[:200]}"
             )
+
+    def _show_databases(self, tables: list[dict[str, Any]]) -> None:
+        """Once per PostgreSQL database: the oldest xmin's holder and the lease table."""
+        shown = set()
+        for table in tables:
+            vacuum, database = table["vacuum"], table["database"]
+            if not vacuum or database in shown:
+                continue
+            shown.add(database)
+            holder = vacuum["oldest_xmin"]
+            self.stdout.write(
+                f"{database}: autovacuum {'on' if vacuum['autovacuum'] else 'OFF'}, "
+                "oldest transaction holding back vacuum: "
+                f"{describe_holder(holder) if holder else 'none'}"
+            )
+            self.stdout.write(f"    lease table {describe_table(vacuum['lease_table'])}")
