@@ -112,3 +112,22 @@ def test_every_system_check_id_is_documented():
     page = (DOCS / "reference" / "checks.md").read_text()
     assert in_code, "no check ids found in outbox/"
     assert sorted(check for check in in_code if check not in page) == []
+
+
+@pytest.mark.parametrize("page", reference.EXIT_STATUS_PAGES, ids=lambda path: path.name)
+def test_the_exit_status_table_is_the_code_s_wherever_it_is_shown(page):
+    text = page.read_text()
+    assert text == reference.with_exit_status_table(text), (
+        f"{page.relative_to(ROOT)} is stale: run python -m docs._ext.outbox_reference"
+    )
+
+
+def test_every_exit_status_a_command_uses_has_a_meaning():
+    from outbox.management import exit_codes
+
+    used = {
+        value
+        for name, value in vars(exit_codes).items()
+        if name.isupper() and isinstance(value, int)
+    }
+    assert used == set(exit_codes.MEANINGS) == set(range(7))
