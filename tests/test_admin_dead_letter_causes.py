@@ -94,8 +94,15 @@ def test_retry_needs_the_change_permission_and_revives_only_its_cause(
         row.attempts == 0 for row in RegionOutbox.objects.filter(pk__in=[r.pk for r in down])
     )
     assert causes_shown(done) == [(cause_of(missing.last_error).key, 1)]
-    entry = LogEntry.objects.get()
-    assert entry.action_flag == CHANGE and key in entry.change_message
+    revived = {str(row.pk) for row in down}
+    [summary] = LogEntry.objects.exclude(object_id__in=revived)
+    assert summary.action_flag == CHANGE and key in summary.change_message
+    per_message = LogEntry.objects.filter(object_id__in=revived)
+    assert {entry.object_id for entry in per_message} == revived  # one per message
+    assert all(
+        entry.action_flag == CHANGE and f"as a dead letter of cause {key}:" in entry.change_message
+        for entry in per_message
+    )
 
 
 def test_discard_needs_the_delete_permission_and_deletes_only_its_cause(
@@ -111,7 +118,9 @@ def test_discard_needs_the_delete_permission_and_deletes_only_its_cause(
     )
     assert not RegionOutbox.objects.filter(pk=missing.pk).exists()
     assert RegionOutbox.objects.dead().count() == 3
-    assert LogEntry.objects.get().action_flag == DELETION
+    entries = LogEntry.objects.all()
+    assert {entry.action_flag for entry in entries} == {DELETION}
+    assert str(missing.pk) in {entry.object_id for entry in entries}  # its own entry
 
 
 def test_a_click_handles_a_bounded_number_and_says_what_is_left(

@@ -1,15 +1,20 @@
-"""Retry and discard for the admin, in a bounded number of statements and bounded memory.
+"""Retry and discard for the admin, in bounded memory and a number of statements that
+grows only with the chunks of rows changed.
 
-Rows are changed by UPDATE / DELETE over filters, never loaded into Python. Actions on
-groups or shards first read the distinct keys of the selection, at most `MAX_KEYS` of
-them (which also keeps each statement within SQLite's parameter limit), then change the
-rows of those keys in one statement. A shard that a worker holds right now is left
-alone: its holder settles it.
+Actions on groups or shards first read the distinct keys of the selection, at most
+`MAX_KEYS` of them (which also keeps each statement within SQLite's parameter limit).
+The rows an action changes are then read `CHUNK_ROWS` at a time in id order, only the
+columns the admin log needs, locked where the database can (FOR UPDATE) so that the
+rows read are the rows changed; each chunk is changed by one UPDATE / DELETE of those
+ids and recorded with one admin log entry per row (`outbox.admin.audit`), all in one
+transaction. A shard that a worker holds right now is left alone: its holder settles
+it.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -18,11 +23,15 @@ from django.apps import apps
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 
-from outbox.models import OutboxBase, OutboxQuerySet, ShardLease, ShardLeaseQuerySet
+from outbox.admin.audit import Audit, audited_fields
+from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet
 
 # Shards or coalescing groups per action; the rest wait for the action to run again.
 MAX_KEYS = 200
 GROUP_FIELDS = ("category", "object_identifier")
+# Rows read, changed and logged per round: one `id IN (...)` each, within SQLite's
+# 999 parameters.
+CHUNK_ROWS = 500
 
 
 @dataclass(frozen=True)
@@ -68,25 +77,57 @@ def _lift_backoff(rows: QuerySet[Any]) -> int:
     return lifted
 
 
-def retry_rows(rows: QuerySet[Any]) -> Outcome:
+def _chunks(rows: QuerySet[Any]) -> Iterator[list[OutboxBase]]:
+    """The rows of `rows` in id order, `CHUNK_ROWS` at a time, with the columns the admin
+    log reads; locked until the transaction ends where the database can."""
+    fields = audited_fields(rows.model)
+    ordered = rows.select_for_update().only(*fields).order_by("pk")
+    chunk = list(ordered[:CHUNK_ROWS])
+    while chunk:
+        yield chunk
+        if len(chunk) < CHUNK_ROWS:
+            return
+        chunk = list(ordered.filter(pk__gt=chunk[-1].pk)[:CHUNK_ROWS])
+
+
+def _retry_chunk(table: QuerySet[Any], chunk: list[OutboxBase], audit: Audit) -> int:
+    """Make the rows of `chunk` due now (dead letters revived) and log each one."""
+    audit.record(chunk, discarded=False)
+    pending = [row.pk for row in chunk if row.dead_at is None]
+    dead = [row.pk for row in chunk if row.dead_at is not None]
+    updated = 0
+    if pending:
+        updated += table.filter(pk__in=pending).update(scheduled_for=Now(), scheduled_from=Now())
+    if dead:
+        # Dead letters come back to their shard, due now, attempts reset.
+        updated += table.filter(pk__in=dead).retry_dead()
+    return updated
+
+
+def retry_rows(rows: QuerySet[Any], audit: Audit) -> Outcome:
     """Make `rows` due now (dead letters too) and lift their shards' back-off, except in
-    held shards."""
-    held_shards = _held_shards(rows)
-    free: OutboxQuerySet[Any] = rows.filter(~_is_held(rows.model, rows.db))
-    updated = free.pending().update(scheduled_for=Now(), scheduled_from=Now())
-    # Dead letters selected come back to their shard, due now, attempts reset.
-    revived = free.retry_dead()
-    lifted = _lift_backoff(free)
-    return Outcome(rows=updated + revived, lifted=lifted, held_shards=held_shards)
-
-
-def discard_rows(rows: QuerySet[Any]) -> Outcome:
-    """Delete `rows` and lift their shards' back-off (what is left there is delivered
-    next), except in held shards."""
+    held shards; one admin log entry per row changed."""
     held_shards = _held_shards(rows)
     free = rows.filter(~_is_held(rows.model, rows.db))
-    lifted = _lift_backoff(free)  # first: it finds the shards through the rows
-    deleted = free.delete()[0]
+    table = rows.model._default_manager.using(rows.db)
+    with audit.atomic(rows.db):
+        updated = sum(_retry_chunk(table, chunk, audit) for chunk in _chunks(free))
+        lifted = _lift_backoff(free)
+    return Outcome(rows=updated, lifted=lifted, held_shards=held_shards)
+
+
+def discard_rows(rows: QuerySet[Any], audit: Audit) -> Outcome:
+    """Delete `rows` and lift their shards' back-off (what is left there is delivered
+    next), except in held shards; one admin log entry per row deleted."""
+    held_shards = _held_shards(rows)
+    free = rows.filter(~_is_held(rows.model, rows.db))
+    table = rows.model._default_manager.using(rows.db)
+    deleted = 0
+    with audit.atomic(rows.db):
+        lifted = _lift_backoff(free)  # first: it finds the shards through the rows
+        for chunk in _chunks(free):
+            audit.record(chunk, discarded=True)
+            deleted += table.filter(pk__in=[row.pk for row in chunk]).delete()[0]
     return Outcome(rows=deleted, lifted=lifted, held_shards=held_shards)
 
 
@@ -108,28 +149,31 @@ def group_fields(model: type[OutboxBase]) -> tuple[str, ...]:
     return (*model.shard_fields, *GROUP_FIELDS)
 
 
-def retry_keys(selected: QuerySet[Any], fields: tuple[str, ...]) -> Outcome:
+def retry_keys(selected: QuerySet[Any], fields: tuple[str, ...], audit: Audit) -> Outcome:
     rows, capped = rows_of_keys(selected, fields)
-    return retry_rows(rows) + Outcome(capped=capped)
+    return retry_rows(rows, audit) + Outcome(capped=capped)
 
 
-def discard_keys(selected: QuerySet[Any], fields: tuple[str, ...]) -> Outcome:
+def discard_keys(selected: QuerySet[Any], fields: tuple[str, ...], audit: Audit) -> Outcome:
     rows, capped = rows_of_keys(selected, fields)
-    return discard_rows(rows) + Outcome(capped=capped)
+    return discard_rows(rows, audit) + Outcome(capped=capped)
 
 
-def retry_leases(leases: ShardLeaseQuerySet) -> Outcome:
-    """Retry the shards of the selected leases: their rows due now, their back-off
-    lifted; held shards are left alone. A few statements per outbox table."""
+def retry_leases(leases: ShardLeaseQuerySet, audit: Audit) -> Outcome:
+    """Retry the shards of the selected leases: their pending rows due now (one admin log
+    entry each), their back-off lifted; held shards are left alone. A few statements per
+    outbox table, and a few per chunk of rows."""
     total = Outcome(held_shards=leases.held().count())
-    for label in leases.order_by().values_list("outbox", flat=True).distinct():
-        model: type[OutboxBase] = apps.get_model(label)
-        of_table = leases.filter(outbox=label)
-        same_shard = {field: OuterRef(field) for field in model.shard_fields}
-        free = Exists(of_table.backing_off().filter(**same_shard)) | Exists(
-            of_table.expired().filter(**same_shard)
-        )
-        rows = model._default_manager.using(leases.db).filter(free)
-        updated = rows.update(scheduled_for=Now(), scheduled_from=Now())
-        total += Outcome(rows=updated, lifted=of_table.backing_off().delete()[0])
+    with audit.atomic(leases.db):
+        for label in leases.order_by().values_list("outbox", flat=True).distinct():
+            model: type[OutboxBase] = apps.get_model(label)
+            of_table = leases.filter(outbox=label)
+            same_shard = {field: OuterRef(field) for field in model.shard_fields}
+            free = Exists(of_table.backing_off().filter(**same_shard)) | Exists(
+                of_table.expired().filter(**same_shard)
+            )
+            table = model._default_manager.using(leases.db)
+            rows = table.filter(free).pending()
+            updated = sum(_retry_chunk(table, chunk, audit) for chunk in _chunks(rows))
+            total += Outcome(rows=updated, lifted=of_table.backing_off().delete()[0])
     return total

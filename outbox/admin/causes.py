@@ -20,6 +20,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 import outbox.admin.bulk as bulk
+from outbox.admin.audit import BY_CAUSE, Audit
 from outbox.admin.base import OperatorAdmin
 from outbox.models import OutboxQuerySet
 from outbox.models.causes import is_cause_key
@@ -75,9 +76,10 @@ class DeadLetterCausesAdmin(OperatorAdmin):
             self.message_user(request, f"No dead letter of cause {key} left.", messages.WARNING)
             return HttpResponseRedirect(page)
         act = bulk.retry_rows if verb == "retry" else bulk.discard_rows
+        audit = Audit(request.user.pk, f"{BY_CAUSE} {key}")
         outcome = bulk.Outcome()
         for selected in in_slices(rows, ids[:MAX_CAUSE_ROWS]):
-            outcome += act(selected)
+            outcome += act(selected, audit)
         did = f"{VERBS[verb]} the dead letters of cause {key}"
         self.report(request, did, outcome, deleted=verb == "discard")
         if len(ids) > MAX_CAUSE_ROWS:

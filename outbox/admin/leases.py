@@ -14,6 +14,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 import outbox.admin.bulk as bulk
+from outbox.admin.audit import WITH_SHARD, Audit
 from outbox.admin.base import OperatorAdmin
 from outbox.admin.dashboard import dashboard_tables
 from outbox.admin.filters import LEASE_STATES, LeaseStateFilter, ScopeFilter, name_of
@@ -75,7 +76,7 @@ class ShardLeaseAdmin(OperatorAdmin):
     )
     def lift_backoff(self, request: HttpRequest, queryset: ShardLeaseQuerySet) -> None:
         selected, due = queryset.count(), queryset.retry_due().count()
-        outcome = bulk.retry_leases(queryset.order_by())
+        outcome = bulk.retry_leases(queryset.order_by(), Audit(request.user.pk, WITH_SHARD))
         held, lifted = outcome.held_shards, outcome.lifted
         text = f"{lifted} shard(s) may be retried now; {outcome.rows} message(s) due now."
         if lifted or outcome.rows:

@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 import outbox.admin.bulk as bulk
+from outbox.admin.audit import WITH_GROUP, WITH_SHARD, Audit
 from outbox.admin.base import labelled
 from outbox.admin.causes import DeadLetterCausesAdmin
 from outbox.admin.filters import CategoryFilter, DeliveryStateFilter, ScopeFilter, name_of
@@ -102,30 +103,34 @@ class OutboxAdmin(DeadLetterCausesAdmin):
 
     @admin.action(description="Retry the selected messages now", permissions=["retry"])
     def retry_messages(self, request: HttpRequest, queryset: Rows) -> None:
-        self.report(request, "Retried now", bulk.retry_rows(queryset), deleted=False)
+        outcome = bulk.retry_rows(queryset, Audit(request.user.pk))
+        self.report(request, "Retried now", outcome, deleted=False)
 
     @admin.action(
         description="Retry the selected messages' coalescing groups now", permissions=["retry"]
     )
     def retry_groups(self, request: HttpRequest, queryset: Rows) -> None:
         fields = bulk.group_fields(queryset.model)
-        outcome = bulk.retry_keys(queryset, fields)
+        outcome = bulk.retry_keys(queryset, fields, Audit(request.user.pk, WITH_GROUP))
         self.report(request, "Retried their groups now", outcome, deleted=False)
 
     @admin.action(description="Retry the selected messages' shards now", permissions=["retry"])
     def retry_shards(self, request: HttpRequest, queryset: Rows) -> None:
-        outcome = bulk.retry_keys(queryset, queryset.model.shard_fields)
+        audit = Audit(request.user.pk, WITH_SHARD)
+        outcome = bulk.retry_keys(queryset, queryset.model.shard_fields, audit)
         self.report(request, "Retried their shards now", outcome, deleted=False)
 
     @admin.action(description="Discard the selected messages", permissions=["discard"])
     def discard_messages(self, request: HttpRequest, queryset: Rows) -> None:
-        self.report(request, "Discarded", bulk.discard_rows(queryset), deleted=True)
+        outcome = bulk.discard_rows(queryset, Audit(request.user.pk))
+        self.report(request, "Discarded", outcome, deleted=True)
 
     @admin.action(
         description="Discard the selected messages' coalescing groups", permissions=["discard"]
     )
     def discard_groups(self, request: HttpRequest, queryset: Rows) -> None:
-        outcome = bulk.discard_keys(queryset, bulk.group_fields(queryset.model))
+        audit = Audit(request.user.pk, WITH_GROUP)
+        outcome = bulk.discard_keys(queryset, bulk.group_fields(queryset.model), audit)
         self.report(request, "Discarded their groups", outcome, deleted=True)
 
 

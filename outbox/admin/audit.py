@@ -1,0 +1,97 @@
+"""The admin log of the messages an action changed: one `LogEntry` per message.
+
+Each entry is Django's own admin log entry for the message's row (its content type, its
+pk as object id), so the row's History page in the admin lists it; its change message
+says what was done (retried, a dead letter revived, discarded), how the row was reached
+(ticked, with its coalescing group, with its shard) and names the message: its id, its
+shard and its category by name. Entries are written with one `bulk_create` per chunk of
+rows, in the transaction that changes those rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.db import router, transaction
+
+from outbox.categories import registry
+from outbox.models import OutboxBase
+
+# How an action reached a row besides the rows ticked (`Audit.reach`).
+TICKED = ""
+WITH_GROUP = "with its coalescing group"
+WITH_SHARD = "with its shard"
+BY_CAUSE = "as a dead letter of cause"  # followed by the cause's key
+
+
+def audited_fields(model: type[OutboxBase]) -> tuple[str, ...]:
+    """The columns an entry is made of: what `describe` and the row's title read."""
+    return ("id", *model.shard_fields, "category", "message_id", "dead_at")
+
+
+def shard_name(row: OutboxBase) -> str:
+    """`eu/ORGANIZATION/3`: the region (if any), the scope by name, the identifier."""
+    key = row.shard_key
+    region = f"{key.region_name}/" if key.region_name else ""
+    return f"{region}{registry.scope_name(key.shard_scope)}/{key.shard_identifier}"
+
+
+@dataclass(frozen=True)
+class Audit:
+    """Who acts, and how the action reached the rows it changes (`TICKED`, `WITH_GROUP`,
+    `WITH_SHARD`): what every entry of the action records."""
+
+    user_id: Any
+    reach: str = TICKED
+
+    def describe(self, row: OutboxBase, *, discarded: bool) -> str:
+        """The entry's change message, e.g. `Retried now with its shard: message <uuid>,
+        shard ORGANIZATION/3, category AUDIT_EVENT.`"""
+        if discarded:
+            did = "Discarded"
+        elif row.dead_at is not None:
+            did = "Retried now (a dead letter, revived)"
+        else:
+            did = "Retried now"
+        how = f" {self.reach}" if self.reach else ""
+        category = registry.category_name(row.category)
+        return (
+            f"{did}{how}: message {row.message_id}, shard {shard_name(row)}, category {category}."
+        )
+
+    def record(self, rows: Sequence[OutboxBase], *, discarded: bool) -> None:
+        """Write one entry per row (read before the change: a dead letter's entry says it
+        was revived), in one `bulk_create`."""
+        if not rows:
+            return
+        model = type(rows[0])
+        content_type = ContentType.objects.get_for_model(model, for_concrete_model=False)
+        LogEntry.objects.bulk_create(
+            LogEntry(
+                user_id=self.user_id,
+                content_type=content_type,
+                object_id=str(row.pk),
+                object_repr=str(row)[:200],
+                action_flag=DELETION if discarded else CHANGE,
+                change_message=self.describe(row, discarded=discarded),
+            )
+            for row in rows
+        )
+
+    @contextmanager
+    def atomic(self, using: str) -> Iterator[None]:
+        """One transaction for an action's changes on `using` and its entries. Where the
+        admin log lives on another database, its transaction commits first: an entry may
+        outlive a change that failed to commit, never the other way round."""
+        log_database = router.db_for_write(LogEntry)
+        with transaction.atomic(using=using):
+            if log_database == using:
+                yield
+            else:
+                with transaction.atomic(using=log_database):
+                    yield
