@@ -235,6 +235,14 @@ class OutboxSettings:
         "at INFO.",
         above=0,
     )
+    METRICS_REFRESH_SECONDS: Setting[float] = Setting(
+        30.0,
+        "How often a Celery or Django Tasks worker that ran a drain reads the backlog and "
+        "health gauges, from a thread of its own (one process per "
+        "`PROMETHEUS_MULTIPROC_DIR`); 0 turns that off. `drain_outboxes --loop` reads "
+        "them at its heartbeat instead. Only with `OUTBOX_METRICS` set.",
+        at_least=0,
+    )
 
 
 SETTINGS: dict[str, Setting[Any]] = {

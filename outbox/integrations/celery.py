@@ -25,6 +25,10 @@ then claims nothing new, finishes the receiver in flight, settles and releases i
 leases, so other workers continue at once. A receiver still running after
 OUTBOX_GRACEFUL_TIMEOUT_SECONDS is left behind; its lease expires.
 
+With OUTBOX_METRICS set, the first outbox task a worker process runs starts its gauge
+timer (`outbox.metrics.refresh`): the backlog and health gauges are read every
+OUTBOX_METRICS_REFRESH_SECONDS from then on, whether tasks come or not.
+
 Engine imports are deferred: the project's Celery module imports this one before
 Django is set up.
 """
@@ -60,7 +64,9 @@ STOP_SIGNAL = signal.SIGUSR2
 def schedule_drains() -> int:
     """Reserve due shards of every outbox table and send them out in drain tasks."""
     from outbox.integrations.dispatch import plan_drains
+    from outbox.metrics.refresh import start_refresh
 
+    start_refresh()
     orders = plan_drains()
     for order in orders:
         send(order)
@@ -75,7 +81,9 @@ def drain(
 ) -> dict[str, Any]:
     """Drain the given shards of one table (a `DrainOrder` as task arguments)."""
     from outbox.integrations.dispatch import DrainOrder, order_worker, task_result
+    from outbox.metrics.refresh import start_refresh
 
+    start_refresh()
     order = DrainOrder.from_args(table, using, shards, reservation)
     return task_result(order_worker(order).run())
 
