@@ -8,12 +8,14 @@ thread in Celery and Django Tasks workers that survives a lost connection. Real
 databases and a real prometheus_client registry."""
 
 import fcntl
+import io
 import logging
 import os
 import time
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -145,6 +147,17 @@ def test_a_scrape_reads_the_health_gauges_too():
     RegionOutboxFactory()
     RegionOutbox.objects.update(dead_at=timezone.now())
     assert gauge(registry, "dead_letters") == 1
+
+
+@committing
+def test_the_drain_loop_reads_them_at_its_heartbeat(settings, registry):
+    settings.OUTBOX_HEARTBEAT_SECONDS = 0.2
+    settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.1
+    RegionOutboxFactory()
+    RegionOutbox.objects.update(dead_at=timezone.now())
+    call_command("drain_outboxes", "--loop", "--max-seconds", "1", stdout=io.StringIO())
+    assert gauge(registry, "dead_letters") == 1
+    assert gauge(registry, "dead_letters", USER) == 0
 
 
 # The timer: a thread of its own in a worker process
