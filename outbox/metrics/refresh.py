@@ -87,7 +87,9 @@ class RefreshTimer:
                 turn.give_back()
                 return False
             except Exception:
-                logger.exception("Reading the outbox gauges failed")
+                logger.exception(
+                    "Reading the outbox gauges failed", extra={"event": "outbox.metrics"}
+                )
                 turn.give_back()
                 return False
             self.readings += 1
