@@ -235,6 +235,14 @@ class OutboxSettings:
         "at INFO.",
         above=0,
     )
+    TASK_LIVENESS_FILE: Setting[str | None] = Setting(
+        None,
+        "Path of a file a Celery or Django Tasks worker touches every few seconds, busy or "
+        "idle, unless one of its drains ran past `OUTBOX_TASK_SECONDS` plus "
+        "`OUTBOX_GRACEFUL_TIMEOUT_SECONDS` (stuck in a call): for a liveness probe that "
+        "checks its age. None (the default): no file.",
+        kind=str,
+    )
     METRICS_REFRESH_SECONDS: Setting[float] = Setting(
         30.0,
         "How often a Celery or Django Tasks worker that ran a drain reads the backlog and "

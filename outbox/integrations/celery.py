@@ -29,6 +29,9 @@ With OUTBOX_METRICS set, the first outbox task a worker process runs starts its 
 timer (`outbox.metrics.refresh`): the backlog and health gauges are read every
 OUTBOX_METRICS_REFRESH_SECONDS from then on, whether tasks come or not.
 
+With OUTBOX_TASK_LIVENESS_FILE set, the worker keeps that file fresh for a liveness probe
+from when it is ready (`outbox.integrations.liveness`).
+
 Engine imports are deferred: the project's Celery module imports this one before
 Django is set up.
 """
@@ -176,6 +179,13 @@ def _on_pool_process_init(**kwargs: Any) -> None:
     DrainWorker.stop_all_on(STOP_SIGNAL)
 
 
+def _on_worker_ready(**kwargs: Any) -> None:
+    """In the worker's main process, once it is ready: OUTBOX_TASK_LIVENESS_FILE."""
+    from outbox.integrations.liveness import start_task_liveness
+
+    start_task_liveness()
+
+
 def _pool_processes(worker: Any) -> list[int]:
     try:
         processes = worker.pool.info.get("processes", [])
@@ -185,6 +195,7 @@ def _pool_processes(worker: Any) -> list[int]:
 
 
 celery_signals.worker_init.connect(_on_worker_init, dispatch_uid="outbox.remember_worker")
+celery_signals.worker_ready.connect(_on_worker_ready, dispatch_uid="outbox.task_liveness")
 celery_signals.worker_process_init.connect(
     _on_pool_process_init, dispatch_uid="outbox.stop_on_signal"
 )
