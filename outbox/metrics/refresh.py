@@ -48,7 +48,6 @@ class RefreshTimer:
     def __init__(self, interval: float, using: str | None = None) -> None:
         self.interval = interval
         self.using = using
-        self.readings = 0  # readings done by this timer (skipped turns not counted)
         self._stopped = threading.Event()
         self._failing = False
         self._thread = threading.Thread(
@@ -92,7 +91,6 @@ class RefreshTimer:
                 )
                 turn.give_back()
                 return False
-            self.readings += 1
             self._failing = False
             return True
 
