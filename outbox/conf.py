@@ -235,6 +235,22 @@ class OutboxSettings:
         "at INFO.",
         above=0,
     )
+    TASK_LIVENESS_FILE: Setting[str | None] = Setting(
+        None,
+        "Path of a file a Celery or Django Tasks worker touches every few seconds, busy or "
+        "idle, unless one of its drains ran past `OUTBOX_TASK_SECONDS` plus "
+        "`OUTBOX_GRACEFUL_TIMEOUT_SECONDS` (stuck in a call): for a liveness probe that "
+        "checks its age. None (the default): no file.",
+        kind=str,
+    )
+    METRICS_REFRESH_SECONDS: Setting[float] = Setting(
+        30.0,
+        "How often a Celery or Django Tasks worker that ran a drain reads the backlog and "
+        "health gauges, from a thread of its own (one process per "
+        "`PROMETHEUS_MULTIPROC_DIR`); 0 turns that off. `drain_outboxes --loop` reads "
+        "them at its heartbeat instead. Only with `OUTBOX_METRICS` set.",
+        at_least=0,
+    )
 
 
 SETTINGS: dict[str, Setting[Any]] = {

@@ -82,9 +82,11 @@ grep -qE '^django_outboxes-[^/]+\.dist-info/licenses/LICENSE$' "$work/wheel.txt"
   || fail "wheel lacks the LICENSE in its dist-info"
 grep -q '^outbox/tests\|^tests/' "$work/wheel.txt" && fail "wheel ships the tests"
 expect sdist LICENSE CHANGELOG.md README.md CONTRIBUTING.md ARCHITECTURE.md pyproject.toml outbox/py.typed \
-  "${migrations[@]}"
+  "${migrations[@]}" deploy/prometheus/outbox-alerts.yml deploy/prometheus/outbox-alerts.test.yml \
+  deploy/grafana/outbox-dashboard.json
 echo "wheel: $(wc -l <"$work/wheel.txt") files, ${#migrations[@]} migration modules, py.typed, LICENSE"
-echo "sdist: LICENSE, CHANGELOG.md, README.md, CONTRIBUTING.md, ARCHITECTURE.md, migrations, py.typed"
+echo "sdist: LICENSE, CHANGELOG.md, README.md, CONTRIBUTING.md, ARCHITECTURE.md, migrations, py.typed," \
+  "deploy/ (alert rules, dashboard)"
 
 step "fresh virtualenv with only the wheel and its [postgres,example] extras"
 python3 -m venv "$work/venv"

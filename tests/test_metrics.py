@@ -257,7 +257,8 @@ def test_record_backlog_reads_each_table_per_scope_and_zeroes_drained_scopes(
 ):
     install(PrometheusMetrics(registry))
     saved_backlog()
-    with django_assert_num_queries(1, using="default"):  # the control table: one more
+    # Pending rows, dead letters, expired leases; the control table: three more.
+    with django_assert_num_queries(3, using="default"):
         record_backlog()
     assert backlog_values(registry, "outbox.RegionOutbox", "ORGANIZATION") == (3, 2)
     assert backlog_values(registry, "outbox.ControlOutbox", "USER") == (1, 1)
@@ -363,10 +364,14 @@ def test_statsd_gauges_the_backlog(udp, statsd_metrics):
     saved_backlog()
     received(udp, 4)  # one "saved" packet per row
     record_backlog()
-    lines = received(udp, 4)
+    parsed = (line.split(":", 1) for packet in all_packets(udp) for line in packet.splitlines())
+    lines = {name: tuple(value.split("|")) for name, value in parsed}
     assert lines["app.outbox.backlog_rows.outbox_RegionOutbox.ORGANIZATION"] == ("3", "g")
     assert lines["app.outbox.backlog_shards.outbox_RegionOutbox.ORGANIZATION"] == ("2", "g")
     assert lines["app.outbox.backlog_rows.outbox_ControlOutbox.USER"] == ("1", "g")
+    assert lines["app.outbox.due_shards.outbox_RegionOutbox.ORGANIZATION"] == ("2", "g")
+    assert lines["app.outbox.dead_letters.outbox_RegionOutbox.USER"] == ("0", "g")
+    assert "app.outbox.gauges_read_timestamp_seconds.outbox_RegionOutbox" in lines
 
 
 @committing
@@ -454,6 +459,10 @@ def test_opentelemetry_gauges_the_backlog(otel_reader):
     points = otel_points(otel_reader)
     assert points["outbox.backlog.rows", OTEL_REGION[1:]].value == 3
     assert points["outbox.backlog.shards", OTEL_REGION[1:]].value == 2
+    assert points["outbox.due_rows", OTEL_REGION[1:]].value == 3
+    assert points["outbox.oldest_due_age", OTEL_REGION[1:]].value >= 0
+    table = (("outbox.table", "outbox.RegionOutbox"),)
+    assert points["outbox.gauges_read_timestamp", table].value > 0
 
 
 def test_opentelemetry_gauges_stuck_receivers(otel_reader):

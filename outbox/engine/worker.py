@@ -94,12 +94,18 @@ class DrainWorker:
         self._stop = StopEvent()  # also ends the idle loop's wait (engine/wakeup.py)
         self._requests: list[tuple[int | None, float]] = []
         self._result: DrainStats | BaseException | None = None  # of the drain thread
+        self.started_at: float | None = None  # time.monotonic() of the run under way
 
     def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
         """Stop gracefully; a second request forces. Takes no lock (see the module doc),
         so it is a signal handler as it stands."""
         self._requests.append((signum, time.monotonic()))
         self._stop.requested = True
+
+    @classmethod
+    def running(cls) -> tuple[DrainWorker, ...]:
+        """The workers running in this process now (a task worker's liveness file)."""
+        return tuple(cls._running)
 
     @classmethod
     def stop_all(cls) -> None:
@@ -139,7 +145,7 @@ class DrainWorker:
         """Drain in a thread of its own; wait for it, turning stop requests and the time
         budget into its stop event. Raises what the drain raised."""
         self._refuse_open_transaction()
-        started = time.monotonic()
+        started = self.started_at = time.monotonic()
         deadline = started + self.max_seconds if self.max_seconds else None
         self._result = None
         thread = threading.Thread(

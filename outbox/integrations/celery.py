@@ -25,6 +25,13 @@ then claims nothing new, finishes the receiver in flight, settles and releases i
 leases, so other workers continue at once. A receiver still running after
 OUTBOX_GRACEFUL_TIMEOUT_SECONDS is left behind; its lease expires.
 
+With OUTBOX_METRICS set, the first outbox task a worker process runs starts its gauge
+timer (`outbox.metrics.refresh`): the backlog and health gauges are read every
+OUTBOX_METRICS_REFRESH_SECONDS from then on, whether tasks come or not.
+
+With OUTBOX_TASK_LIVENESS_FILE set, the worker keeps that file fresh for a liveness probe
+from when it is ready (`outbox.integrations.liveness`).
+
 Engine imports are deferred: the project's Celery module imports this one before
 Django is set up.
 """
@@ -60,7 +67,9 @@ STOP_SIGNAL = signal.SIGUSR2
 def schedule_drains() -> int:
     """Reserve due shards of every outbox table and send them out in drain tasks."""
     from outbox.integrations.dispatch import plan_drains
+    from outbox.metrics.refresh import start_refresh
 
+    start_refresh()
     orders = plan_drains()
     for order in orders:
         send(order)
@@ -75,7 +84,9 @@ def drain(
 ) -> dict[str, Any]:
     """Drain the given shards of one table (a `DrainOrder` as task arguments)."""
     from outbox.integrations.dispatch import DrainOrder, order_worker, task_result
+    from outbox.metrics.refresh import start_refresh
 
+    start_refresh()
     order = DrainOrder.from_args(table, using, shards, reservation)
     return task_result(order_worker(order).run())
 
@@ -168,6 +179,13 @@ def _on_pool_process_init(**kwargs: Any) -> None:
     DrainWorker.stop_all_on(STOP_SIGNAL)
 
 
+def _on_worker_ready(**kwargs: Any) -> None:
+    """In the worker's main process, once it is ready: OUTBOX_TASK_LIVENESS_FILE."""
+    from outbox.integrations.liveness import start_task_liveness
+
+    start_task_liveness()
+
+
 def _pool_processes(worker: Any) -> list[int]:
     try:
         processes = worker.pool.info.get("processes", [])
@@ -177,6 +195,7 @@ def _pool_processes(worker: Any) -> list[int]:
 
 
 celery_signals.worker_init.connect(_on_worker_init, dispatch_uid="outbox.remember_worker")
+celery_signals.worker_ready.connect(_on_worker_ready, dispatch_uid="outbox.task_liveness")
 celery_signals.worker_process_init.connect(
     _on_pool_process_init, dispatch_uid="outbox.stop_on_signal"
 )

@@ -16,7 +16,11 @@ default queue may not exist on the project's default backend).
 
 Each task runs a `DrainWorker` with its signal handling on: a worker that runs tasks in
 its main thread and gets SIGTERM or SIGINT during one finishes the receiver in flight,
-releases its leases, then lets the worker's own handler run. Importing this module
+releases its leases, then lets the worker's own handler run. With OUTBOX_METRICS set,
+the first outbox task a worker process runs starts its gauge timer
+(`outbox.metrics.refresh`), which reads the backlog and health gauges every
+OUTBOX_METRICS_REFRESH_SECONDS from then on, and its liveness file
+(OUTBOX_TASK_LIVENESS_FILE, `outbox.integrations.liveness`). Importing this module
 needs Django 6 (`django.tasks`); nothing else in the app imports it.
 """
 
@@ -37,6 +41,8 @@ from outbox.integrations.dispatch import (
     prompt_orders,
     task_result,
 )
+from outbox.integrations.liveness import start_task_liveness
+from outbox.metrics.refresh import start_refresh
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
@@ -57,6 +63,7 @@ _QUEUE_NAME = outbox_settings.TASKS_QUEUE_NAME
 @task(backend=_BACKEND, queue_name=_QUEUE_NAME)
 def schedule_drains() -> int:
     """Reserve due shards of every outbox table and enqueue drain tasks for them."""
+    _started()
     orders = plan_drains()
     for order in orders:
         enqueue(drain_shards, *order.as_args())
@@ -83,7 +90,15 @@ def prompt_drain(using: str, shards: Mapping[type[OutboxBase], Collection[ShardK
         enqueue(drain_shards, *order.as_args())
 
 
+def _started() -> None:
+    """What the first outbox task of a worker process starts: the gauge timer and the
+    liveness file, where they are configured (each once per process)."""
+    start_refresh()
+    start_task_liveness()
+
+
 def _run(worker: DrainWorker) -> dict[str, Any]:
+    _started()
     # The task worker's own SIGTERM/SIGINT handler runs once the drain has stopped: it
     # then sees no task running and shuts down as it would have.
     with worker.handling_signals(pass_on=True):

@@ -1,52 +1,48 @@
-"""The backlog reading: rows and shards waiting per table and scope."""
+"""The backlog reading: rows and shards waiting per table and scope, and what is wrong
+now (`ScopeHealth`), reported to the installed metrics."""
 
 from __future__ import annotations
 
-from django.db.models import Count
+import time
 
 from outbox.categories import registry
 from outbox.metrics.base import Metrics, table_label
 from outbox.metrics.feed import installed
-from outbox.models import OutboxBase, outbox_models
+from outbox.metrics.reading import ScopeReading, read_table
+from outbox.models import outbox_models
 
 __all__ = ["record_backlog"]
 
 
 def record_backlog(using: str | None = None, metrics: Metrics | None = None) -> None:
-    """Report the backlog of every outbox table per scope: rows and distinct shards.
+    """Report, per outbox table and scope, the backlog (rows and distinct shards) and
+    its health: the oldest due row's age, due rows and shards, failing shards, dead
+    letters, expired leases; then the time of the reading, per table.
 
-    One aggregate query per table, on `using` or the table's default database. Scopes
-    reported before and now empty are reported as 0. Nothing happens (no query) when
-    no metrics are installed and none are given."""
+    Three aggregate queries per table (`outbox.metrics.reading`), on `using` or the
+    table's default database. Every declared scope is reported, as 0 when empty, and so
+    is an undeclared one reported before: a gauge never keeps a stale value, even in
+    Prometheus' multiprocess mode where another process may have reported it. Nothing
+    happens (no query) when no metrics are installed and none are given."""
     metrics = metrics or installed()
     if metrics is None:
         return
     for model in outbox_models():
         table = table_label(model)
-        counts = {
-            registry.scope_name(scope): (rows, shards)
-            for scope, rows, shards in _backlog(model, using)
-        }
+        readings = read_table(model, using)
         seen = _reported.setdefault((using or "", table), set())
-        for scope in sorted(seen - counts.keys()):
-            metrics.backlog(table, scope, 0, 0)
-        for scope, (rows, shards) in counts.items():
-            metrics.backlog(table, scope, rows, shards)
-        seen.update(counts)
+        declared = {registry.scope_name(value) for value in registry.scopes}
+        for scope in sorted((seen | declared) - readings.keys()):
+            _report(metrics, table, scope, ScopeReading())
+        for scope, reading in readings.items():
+            _report(metrics, table, scope, reading)
+        seen.update(readings)
+        metrics.gauges_read(table, time.time())
 
 
 _reported: dict[tuple[str, str], set[str]] = {}  # (database, table) -> scopes seen, to zero
 
 
-def _backlog(model: type[OutboxBase], using: str | None) -> list[tuple[int, int, int]]:
-    """(scope, rows, shards) of the pending rows (not dead letters); shards counted by
-    shard_identifier within a scope, as `outbox_status` does."""
-    manager = model._default_manager.using(using or model._default_manager.db)
-    per_scope = (
-        manager.pending()
-        .order_by()
-        .values("shard_scope")
-        .annotate(rows=Count("id"), shards=Count("shard_identifier", distinct=True))
-        .values_list("shard_scope", "rows", "shards")
-    )
-    return list(per_scope)
+def _report(metrics: Metrics, table: str, scope: str, reading: ScopeReading) -> None:
+    metrics.backlog(table, scope, reading.rows, reading.shards)
+    metrics.health(table, scope, reading.health)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.utils.module_loading import import_string
@@ -9,7 +10,14 @@ from django.utils.module_loading import import_string
 from outbox.conf import outbox_settings
 from outbox.exceptions import MetricsUnavailable
 
-__all__ = ["ADAPTERS", "Metrics", "build_metrics", "metrics_class", "table_label"]
+__all__ = [
+    "ADAPTERS",
+    "Metrics",
+    "ScopeHealth",
+    "build_metrics",
+    "metrics_class",
+    "table_label",
+]
 
 ADAPTERS = {
     "prometheus": "outbox.metrics.prometheus.PrometheusMetrics",
@@ -17,6 +25,25 @@ ADAPTERS = {
     "opentelemetry": "outbox.metrics.otel.OpenTelemetryMetrics",
 }
 """The short names `OUTBOX_METRICS` accepts, and the adapter class each one stands for."""
+
+
+@dataclass(frozen=True)
+class ScopeHealth:
+    """What is wrong now in one scope of one table, at one reading (all 0: nothing).
+
+    oldest_due_age_seconds: age of the oldest due row (its shard waits behind it, or
+    no drain runs); due_rows, due_shards: the rows whose time has come and their shards;
+    failing_shards: shards with a row that failed and waits for its retry (a poison
+    message blocks its shard so, while OUTBOX_MAX_ATTEMPTS is 0); dead_letters: the
+    messages given up; expired_leases: shards whose worker's lease ran out (abandoned).
+    """
+
+    oldest_due_age_seconds: float = 0.0
+    due_rows: int = 0
+    due_shards: int = 0
+    failing_shards: int = 0
+    dead_letters: int = 0
+    expired_leases: int = 0
 
 
 class Metrics:
@@ -54,6 +81,13 @@ class Metrics:
 
     def backlog(self, table: str, scope: str, rows: int, shards: int) -> None:
         """`rows` rows in `shards` shards of `scope` were waiting, at one reading."""
+
+    def health(self, table: str, scope: str, health: ScopeHealth) -> None:
+        """What is wrong now in `scope`, at one reading (see `ScopeHealth`)."""
+
+    def gauges_read(self, table: str, timestamp: float) -> None:
+        """The backlog and health of `table` were read at `timestamp` (Unix seconds): an
+        alert on its age notices readings that stopped."""
 
     def receiver_finished(
         self, table: str, scope: str, category: str, receiver: str, duration_seconds: float

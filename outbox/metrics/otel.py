@@ -5,16 +5,21 @@ project sets up with the SDK and its exporter (e.g. OTLP): counters ``outbox.sav
 ``outbox.processed``, ``outbox.failed``, ``outbox.dead_lettered``,
 ``outbox.leases_lost``, histograms ``outbox.processing_lag``, ``outbox.send_duration``,
 ``outbox.receiver_duration`` and ``outbox.claim_duration`` (seconds) and gauges
-``outbox.backlog.rows``, ``outbox.backlog.shards`` and ``outbox.stuck_receivers`` (this
-process's count), with the attributes ``outbox.table``, ``outbox.scope``,
+``outbox.backlog.rows``, ``outbox.backlog.shards``, ``outbox.stuck_receivers`` (this
+process's count), the health gauges ``outbox.oldest_due_age`` (seconds),
+``outbox.due_rows``, ``outbox.due_shards``, ``outbox.failing_shards``,
+``outbox.dead_letters``, ``outbox.expired_leases`` and ``outbox.gauges_read_timestamp``
+(Unix seconds), with the attributes ``outbox.table``, ``outbox.scope``,
 ``outbox.category`` and ``outbox.receiver``.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from opentelemetry import metrics as otel
 
-from outbox.metrics.base import Metrics
+from outbox.metrics.base import Metrics, ScopeHealth
 
 __all__ = ["OpenTelemetryMetrics"]
 
@@ -27,6 +32,12 @@ class OpenTelemetryMetrics(Metrics):
 
     def __init__(self, meter_provider: otel.MeterProvider | None = None) -> None:
         meter = otel.get_meter("outbox", meter_provider=meter_provider)
+
+        def seconds(name: str, doc: str) -> otel.Histogram:
+            return meter.create_histogram(
+                name, "s", doc, explicit_bucket_boundaries_advisory=SECONDS_BUCKETS
+            )
+
         self._saved = meter.create_counter("outbox.saved", "{row}", "Outbox rows saved.")
         self._processed = meter.create_counter(
             "outbox.processed", "{row}", "Outbox rows retired by a delivery."
@@ -40,29 +51,17 @@ class OpenTelemetryMetrics(Metrics):
         self._leases_lost = meter.create_counter(
             "outbox.leases_lost", "{lease}", "Shard leases lost."
         )
-        self._lag = meter.create_histogram(
-            "outbox.processing_lag",
-            "s",
-            "Age of the delivered outbox row when its receivers ran.",
-            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        self._lag = seconds(
+            "outbox.processing_lag", "Age of the delivered outbox row when its receivers ran."
         )
-        self._duration = meter.create_histogram(
-            "outbox.send_duration",
-            "s",
-            "Time the receivers of one outbox message took.",
-            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        self._duration = seconds(
+            "outbox.send_duration", "Time the receivers of one outbox message took."
         )
-        self._receiver_duration = meter.create_histogram(
-            "outbox.receiver_duration",
-            "s",
-            "Time one receiver took for one outbox message.",
-            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        self._receiver_duration = seconds(
+            "outbox.receiver_duration", "Time one receiver took for one outbox message."
         )
-        self._claim_duration = meter.create_histogram(
-            "outbox.claim_duration",
-            "s",
-            "Time one claim of due shards took.",
-            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
+        self._claim_duration = seconds(
+            "outbox.claim_duration", "Time one claim of due shards took."
         )
         self._backlog_rows = meter.create_gauge(
             "outbox.backlog.rows", "{row}", "Outbox rows waiting, per scope."
@@ -74,6 +73,12 @@ class OpenTelemetryMetrics(Metrics):
             "outbox.stuck_receivers",
             "{thread}",
             "Receiver threads still running calls given up at the timeout.",
+        )
+        self._health = {
+            field: meter.create_gauge(name, unit, doc) for field, name, unit, doc in _HEALTH_GAUGES
+        }
+        self._read_at = meter.create_gauge(
+            "outbox.gauges_read_timestamp", "s", "When the outbox gauges were read (Unix time)."
         )
 
     def saved(self, table: str, scope: str, category: str, count: int) -> None:
@@ -108,6 +113,14 @@ class OpenTelemetryMetrics(Metrics):
         self._backlog_rows.set(rows, attributes)
         self._backlog_shards.set(shards, attributes)
 
+    def health(self, table: str, scope: str, health: ScopeHealth) -> None:
+        attributes = _attributes(table, scope)
+        for field, value in asdict(health).items():
+            self._health[field].set(value, attributes)
+
+    def gauges_read(self, table: str, timestamp: float) -> None:
+        self._read_at.set(timestamp, {"outbox.table": table})
+
     def receiver_finished(
         self, table: str, scope: str, category: str, receiver: str, duration_seconds: float
     ) -> None:
@@ -126,3 +139,14 @@ def _attributes(table: str, scope: str, category: str | None = None) -> dict[str
     if category is not None:
         attributes["outbox.category"] = category
     return attributes
+
+
+# ScopeHealth's fields, and the gauge each one is recorded as.
+_HEALTH_GAUGES = (
+    ("oldest_due_age_seconds", "outbox.oldest_due_age", "s", "Age of the oldest due row."),
+    ("due_rows", "outbox.due_rows", "{row}", "Outbox rows due for delivery."),
+    ("due_shards", "outbox.due_shards", "{shard}", "Outbox shards with rows due."),
+    ("failing_shards", "outbox.failing_shards", "{shard}", "Shards whose row waits a retry."),
+    ("dead_letters", "outbox.dead_letters", "{message}", "Outbox messages given up."),
+    ("expired_leases", "outbox.expired_leases", "{shard}", "Shards whose lease ran out."),
+)

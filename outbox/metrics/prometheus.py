@@ -5,13 +5,17 @@ given): `outbox_saved_total`, `outbox_processed_total`, `outbox_failed_total`,
 `outbox_dead_lettered_total`, `outbox_leases_lost_total`, the histograms
 `outbox_processing_lag_seconds`, `outbox_send_duration_seconds`,
 `outbox_receiver_duration_seconds` and `outbox_claim_duration_seconds`, and the gauges
-`outbox_backlog_rows`, `outbox_backlog_shards` and `outbox_stuck_receivers`.
+`outbox_backlog_rows`, `outbox_backlog_shards`, `outbox_stuck_receivers`, the health
+gauges `outbox_oldest_due_age_seconds`, `outbox_due_rows`, `outbox_due_shards`,
+`outbox_failing_shards`, `outbox_dead_letters`, `outbox_expired_leases`, and
+`outbox_gauges_read_timestamp_seconds` (when they were last read, per table).
 
 Multiprocess mode (gunicorn workers, Celery pool processes): set the environment
 variable ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before the processes start;
 `prometheus_client` then keeps every process's values in files there, and the process
 serving ``/metrics`` exposes them with `prometheus_client.multiprocess.MultiProcessCollector`.
-The backlog gauges show the most recent reading of any process (``mostrecent``); the
+The backlog and health gauges show the most recent reading of any process
+(``mostrecent``; `outbox.metrics.refresh` has one process per directory read them); the
 stuck receivers gauge sums the live processes' counts (``livesum``).
 """
 
@@ -28,7 +32,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from outbox.metrics.backlog import record_backlog
-from outbox.metrics.base import Metrics
+from outbox.metrics.base import Metrics, ScopeHealth
 
 __all__ = ["PrometheusMetrics", "PrometheusScrapeMetrics"]
 
@@ -38,6 +42,15 @@ MESSAGE_LABELS = ("table", "scope", "category")
 SCOPE_LABELS = ("table", "scope")
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+# ScopeHealth's fields, each a gauge of the same name.
+HEALTH_GAUGES = (
+    ("oldest_due_age_seconds", "Age of the oldest due outbox row, per scope."),
+    ("due_rows", "Outbox rows due for delivery, per scope."),
+    ("due_shards", "Outbox shards with rows due, per scope."),
+    ("failing_shards", "Outbox shards whose row failed and waits for a retry."),
+    ("dead_letters", "Outbox messages given up (dead letters), per scope."),
+    ("expired_leases", "Outbox shards whose worker's lease ran out, per scope."),
+)
 # How a gauge combines the processes' values in multiprocess mode (see the module docstring).
 _Mode = Literal["mostrecent", "livesum"]
 
@@ -90,6 +103,8 @@ class _Instruments:
         self.stuck_receivers = gauge(
             "stuck_receivers", "Receiver threads stuck past the timeout.", ("table",), "livesum"
         )
+        self.health = {name: gauge(name, doc) for name, doc in HEALTH_GAUGES}  # ScopeHealth
+        self.read_at = gauge("gauges_read_timestamp_seconds", "When gauges were read.", ("table",))
 
 
 # Instruments by registry: a registry refuses a second instrument of the same name.
@@ -136,6 +151,13 @@ class PrometheusMetrics(Metrics):
     def backlog(self, table: str, scope: str, rows: int, shards: int) -> None:
         self.instruments.backlog_rows.labels(table, scope).set(rows)
         self.instruments.backlog_shards.labels(table, scope).set(shards)
+
+    def health(self, table: str, scope: str, health: ScopeHealth) -> None:
+        for name, gauge in self.instruments.health.items():
+            gauge.labels(table, scope).set(getattr(health, name))
+
+    def gauges_read(self, table: str, timestamp: float) -> None:
+        self.instruments.read_at.labels(table).set(timestamp)
 
     def receiver_finished(
         self, table: str, scope: str, category: str, receiver: str, duration_seconds: float

@@ -10,7 +10,10 @@ Plain StatsD has no tags, so labels become name segments after the prefix
 ``outbox.claim_duration.<table>`` (milliseconds, as StatsD times), and
 the gauges ``outbox.backlog_rows.<table>.<scope>``, ``outbox.backlog_shards.<...>`` and
 ``outbox.stuck_receivers.<table>`` (a process's own count: with several processes it
-shows the last one sent, as StatsD gauges do not add up).
+shows the last one sent, as StatsD gauges do not add up), the health gauges
+``outbox.oldest_due_age_seconds.<table>.<scope>`` (likewise ``due_rows``, ``due_shards``,
+``failing_shards``, ``dead_letters``, ``expired_leases``) and
+``outbox.gauges_read_timestamp_seconds.<table>``.
 The table is its model label with the dot replaced: ``outbox_RegionOutbox``.
 """
 
@@ -18,11 +21,12 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import asdict
 
 from statsd import StatsClient
 
 from outbox.conf import outbox_settings
-from outbox.metrics.base import Metrics
+from outbox.metrics.base import Metrics, ScopeHealth
 
 __all__ = ["StatsdMetrics"]
 
@@ -70,6 +74,14 @@ class StatsdMetrics(Metrics):
         with self.client.pipeline() as batch:
             batch.gauge(_name("backlog_rows", table, scope), rows)
             batch.gauge(_name("backlog_shards", table, scope), shards)
+
+    def health(self, table: str, scope: str, health: ScopeHealth) -> None:
+        with self.client.pipeline() as batch:
+            for name, value in asdict(health).items():
+                batch.gauge(_name(name, table, scope), value)
+
+    def gauges_read(self, table: str, timestamp: float) -> None:
+        self.client.gauge(_name("gauges_read_timestamp_seconds", table), timestamp)
 
     def receiver_finished(
         self, table: str, scope: str, category: str, receiver: str, duration_seconds: float

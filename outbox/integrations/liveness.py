@@ -1,0 +1,125 @@
+"""A liveness file for a task worker (Celery, Django Tasks): OUTBOX_TASK_LIVENESS_FILE.
+
+`drain_outboxes --liveness-file` touches its file after every round of its one drain. A
+task worker instead runs short drain tasks, each within OUTBOX_TASK_SECONDS, and may sit
+idle between them. So a thread of the worker process touches the file every few seconds,
+busy or idle, as long as no drain of this process has overrun: run past its budget plus
+OUTBOX_GRACEFUL_TIMEOUT_SECONDS (the time a stopping drain gives the receiver in flight).
+A drain that overran is stuck in a call that does not return; the file then ages, and a
+probe that checks its age restarts the worker. It is touched again once the drain ends.
+
+The thread starts when a Celery worker is ready (in its main process, which runs the
+tasks of the solo and threads pools; a prefork pool process stuck past
+OUTBOX_CELERY_TIME_LIMIT_SECONDS is killed by Celery itself), and with the first outbox
+task of a Django Tasks worker process. Nothing runs while the setting is unset.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from outbox.conf import outbox_settings
+from outbox.engine import DrainWorker
+
+__all__ = [
+    "TOUCH_SECONDS",
+    "TaskLiveness",
+    "overrun_drains",
+    "running_task_liveness",
+    "start_task_liveness",
+    "stop_task_liveness",
+]
+
+logger = logging.getLogger("outbox.engine")
+
+# How often the file is touched; also the slack given to a drain past its budget.
+TOUCH_SECONDS = 5.0
+
+
+def overrun_drains(slack: float = TOUCH_SECONDS) -> list[DrainWorker]:
+    """The drains of this process running longer than their budget, the graceful
+    timeout and `slack` together (a drain without a budget never overruns)."""
+    now = time.monotonic()
+    grace = outbox_settings.GRACEFUL_TIMEOUT_SECONDS + slack
+    return [
+        worker
+        for worker in DrainWorker.running()
+        if worker.max_seconds
+        and worker.started_at is not None
+        and now - worker.started_at > worker.max_seconds + grace
+    ]
+
+
+class TaskLiveness:
+    """Touches `path` every `every` seconds from a daemon thread while no drain of this
+    process overran; a failure to touch is logged once, never raised."""
+
+    def __init__(self, path: str, every: float = TOUCH_SECONDS) -> None:
+        self.path = Path(path)
+        self.every = every
+        self._stopped = threading.Event()
+        self._failing = False
+        self._thread = threading.Thread(target=self._run, name="outbox-liveness", daemon=True)
+
+    def start(self) -> TaskLiveness:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stopped.set()
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            if not overrun_drains(self.every):
+                self._touch()
+            self._stopped.wait(self.every)
+
+    def _touch(self) -> None:
+        try:
+            self.path.touch()
+        except OSError:
+            if not self._failing:
+                logger.warning(
+                    "outbox could not touch the liveness file %s", self.path, exc_info=True
+                )
+            self._failing = True
+        else:
+            self._failing = False
+
+
+_lock = threading.Lock()
+_liveness: TaskLiveness | None = None
+
+
+def start_task_liveness() -> TaskLiveness | None:
+    """Start this process's liveness thread unless it runs already; None while
+    OUTBOX_TASK_LIVENESS_FILE is unset."""
+    global _liveness
+    path = outbox_settings.TASK_LIVENESS_FILE
+    if not path:
+        return None
+    with _lock:
+        if _liveness is None or not _liveness.is_alive():
+            _liveness = TaskLiveness(path).start()
+        return _liveness
+
+
+def running_task_liveness() -> TaskLiveness | None:
+    """This process's liveness thread, if one runs."""
+    return _liveness if _liveness is not None and _liveness.is_alive() else None
+
+
+def stop_task_liveness(timeout: float | None = 5.0) -> None:
+    """Stop this process's liveness thread (tests; a worker shutting down)."""
+    global _liveness
+    with _lock:
+        liveness, _liveness = _liveness, None
+    if liveness is not None:
+        liveness.stop(timeout)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install what tests/test_deploy.py needs to check the alert rules in deploy/prometheus:
+# promtool, from Debian's prometheus package (the server it also ships is not started).
+# Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v promtool >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      prometheus >/dev/null
+  else
+    echo "setup_promtool: promtool is missing and we are not root;" \
+      "install Debian's prometheus package, or the promtool tests will be skipped." >&2
+  fi
+fi
+echo "setup_promtool: promtool $(command -v promtool >/dev/null && echo present || echo missing)"
