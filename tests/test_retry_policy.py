@@ -19,6 +19,8 @@ from outbox.exceptions import NoReceiver, PermanentFailure
 from outbox.models import RegionOutbox, ShardLease
 from outbox.retry import Failure
 from outbox.signals import process_region_outbox
+from outbox.testing import deliver_pending
+from outbox.writes.context import outbox_context
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
 
@@ -33,6 +35,13 @@ class FixedPolicy(RetryPolicy):
 
     def max_attempts(self, category):
         return 2
+
+
+class RejectsValueErrors(RetryPolicy):
+    """The docs' example: a ValueError is final, whatever the attempt limit."""
+
+    def is_final(self, failure):
+        return any(isinstance(e, ValueError) for e in failure.errors) or super().is_final(failure)
 
 
 class NotAPolicy:
@@ -134,6 +143,39 @@ def test_a_policy_named_in_the_setting_is_what_drains_apply(calls, settings):
     dead = RegionOutbox.objects.dead().get()
     assert dead.id == row.id and dead.attempts == 2
     assert not ShardLease.objects.exists()  # the shard goes on
+
+
+@committing
+def test_a_policy_decides_which_failures_are_final(calls, settings):
+    settings.OUTBOX_RETRY_POLICY = "tests.test_retry_policy.RejectsValueErrors"
+
+    def rejects(sender, kwargs):
+        if kwargs["shard_identifier"] == 1:
+            raise ValueError("malformed")
+
+    calls.during_call = rejects
+    calls.failing = {2}
+    RegionOutboxFactory(shard_identifier=1, object_identifier=1)
+    RegionOutboxFactory(shard_identifier=2, object_identifier=2)
+    stats = drain_outboxes()
+    assert (stats.failures, stats.dead_lettered) == (1, 1)
+    assert RegionOutbox.objects.dead().get().shard_identifier == 1
+    assert RegionOutbox.objects.pending().get().shard_identifier == 2  # RuntimeError: retried
+
+
+@pytest.mark.django_db(databases=["default", "control"])
+def test_the_test_mode_delivery_applies_the_policy(calls, settings):
+    settings.OUTBOX_RETRY_POLICY = "tests.test_retry_policy.FixedPolicy"
+    calls.failing = {1}
+    with outbox_context(flush=False):
+        RegionOutboxFactory(shard_identifier=1)
+    deliver_pending()
+    row = RegionOutbox.objects.get()
+    assert row.attempts == 1 and row.dead_at is None
+    assert abs(waited(row) - 5.0) <= TOLERANCE
+    RegionOutbox.objects.update(scheduled_for=Now())
+    deliver_pending()
+    assert RegionOutbox.objects.dead().get().attempts == 2
 
 
 @pytest.fixture
