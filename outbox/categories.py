@@ -113,7 +113,7 @@ class OutboxCategory(enum.IntEnum, metaclass=_CategoryMeta):
         return None
 
     def retry_policy(self) -> RetryPolicy | type[RetryPolicy] | None:
-        """The retry policy of this category's failures, a `outbox.retry.RetryPolicy`
+        """The retry policy of this category's failures, an `outbox.retry.RetryPolicy`
         subclass or instance; None (the default) follows OUTBOX_RETRY_POLICY::
 
             def retry_policy(self) -> type[RetryPolicy] | None:

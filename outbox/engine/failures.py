@@ -32,7 +32,7 @@ def judge(
     done = exc.delivered_to if isinstance(exc, DeliveryFailed) else []
     errors = [error for _, error in named]
     policy = policy_for(group.category)
-    failure = Failure(group.category, group.attempts, errors)
+    failure = Failure(group.category, tuple(group.attempts), tuple(errors))
     dead = policy.is_final(failure)
     if dead:
         delays = dict.fromkeys(group.row_ids, 0.0)
