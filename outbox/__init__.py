@@ -5,6 +5,7 @@ from importlib.metadata import PackageNotFoundError, version
 from outbox.categories import OutboxCategory, OutboxScope, unique_object_identifier
 from outbox.exceptions import PermanentFailure, RetryLater
 from outbox.inbox import inbox_receiver
+from outbox.retry import RetryPolicy
 from outbox.signals import transactional_receiver
 from outbox.writes.context import outbox_context
 
@@ -18,6 +19,7 @@ __all__ = [
     "OutboxScope",
     "PermanentFailure",
     "RetryLater",
+    "RetryPolicy",
     "__version__",
     "inbox_receiver",
     "outbox_context",

@@ -27,9 +27,12 @@ import os
 import secrets
 import time
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from outbox.exceptions import InvalidOutboxMessage, OutboxConfigurationError
+
+if TYPE_CHECKING:
+    from outbox.retry import RetryPolicy
 
 
 def _label(member: enum.Enum) -> str:
@@ -104,6 +107,17 @@ class OutboxCategory(enum.IntEnum, metaclass=_CategoryMeta):
 
                 def max_attempts(self) -> int | None:
                     return 3 if self is Category.PAYMENT else None
+
+        The stock retry policy reads it (`outbox.retry.RetryPolicy.max_attempts`).
+        """
+        return None
+
+    def retry_policy(self) -> RetryPolicy | type[RetryPolicy] | None:
+        """The retry policy of this category's failures, an `outbox.retry.RetryPolicy`
+        subclass or instance; None (the default) follows OUTBOX_RETRY_POLICY::
+
+            def retry_policy(self) -> type[RetryPolicy] | None:
+                return QuickRetries if self is Category.PAYMENT else None
         """
         return None
 

@@ -1,6 +1,6 @@
-"""System checks with stable ids: outbox.W001/E001, E018 and E019 here, the other settings'
-checks (outbox.E010 to E017) in `outbox.checks_settings`. Imported by the app config when
-it is ready.
+"""System checks with stable ids: outbox.W001/E001, E018, E019 and E021 here, the other
+settings' checks (outbox.E010 to E017, E020) in `outbox.checks_settings`. Imported by the
+app config when it is ready.
 
 A category without a receiver is a warning (outbox.W001) by default, so a project under
 construction, or a quick start, can still `migrate`; its messages are kept and retried,
@@ -19,11 +19,11 @@ from django.core.checks import ERROR, WARNING, CheckMessage, Error, Tags, regist
 from outbox.categories import OutboxCategory, registry
 from outbox.checks_settings import check_settings
 from outbox.conf import SETTINGS, outbox_settings
-from outbox.engine.failures import max_attempts
-from outbox.exceptions import MetricsUnavailable
+from outbox.exceptions import MetricsUnavailable, OutboxConfigurationError
 from outbox.inbox import inbox_receivers
 from outbox.metrics.base import metrics_class
 from outbox.models import outbox_models
+from outbox.retry import declared_policy, policy_for
 
 register(check_settings)
 
@@ -115,7 +115,10 @@ def check_inbox_retention(
         return []
     # Each category's limit as the drain applies it; 0 (retry for ever) counts as one
     # back-off, since a failed call rolls its inbox record back with it.
-    limits = [max_attempts(value) for value in registry.categories]
+    try:
+        limits = [policy_for(value).max_attempts(value) for value in registry.categories]
+    except OutboxConfigurationError:
+        return []  # outbox.E020 or E021 reports the policy that does not load
     attempts = max([limit for limit in limits or [outbox_settings.MAX_ATTEMPTS] if limit] or [1])
     window = outbox_settings.LEASE_SECONDS + outbox_settings.BACKOFF_MAX_SECONDS * attempts
     retention = outbox_settings.INBOX_RETENTION_SECONDS
@@ -131,3 +134,19 @@ def check_inbox_retention(
             id="outbox.E019",
         )
     ]
+
+
+@register()
+def check_category_policies(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """outbox.E021: a category's `retry_policy()` returns no RetryPolicy, so every
+    failure of that category would raise in the drain instead of being retried."""
+    hint = "Return a RetryPolicy subclass or instance, or None to follow OUTBOX_RETRY_POLICY."
+    problems: list[CheckMessage] = []
+    for category in registry.categories.values():
+        try:
+            declared_policy(category)
+        except OutboxConfigurationError as error:
+            problems.append(Error(str(error), hint=hint, id="outbox.E021"))
+    return problems

@@ -1,4 +1,4 @@
-"""System checks of the ``OUTBOX_*`` settings (outbox.E010 ... outbox.E017).
+"""System checks of the ``OUTBOX_*`` settings (outbox.E010 ... outbox.E017, outbox.E020).
 
 - E010: an ``OUTBOX_*`` name that is no setting (likely a typo, silently ignored).
 - E011: a value of the wrong type; E012: a value out of range (e.g. a count below 1).
@@ -7,6 +7,7 @@
 - E015: ``OUTBOX_PROMPT_DRAIN`` is no importable callable.
 - E016: ``OUTBOX_BACKOFF_MAX_SECONDS`` below ``OUTBOX_BACKOFF_BASE_SECONDS``.
 - E017: ``OUTBOX_CELERY_TIME_LIMIT_SECONDS`` not above ``OUTBOX_TASK_SECONDS``.
+- E020: ``OUTBOX_RETRY_POLICY`` does not import or is no ``RetryPolicy`` subclass.
 
 E018 (``OUTBOX_METRICS`` names an adapter that cannot be loaded) is in `outbox.checks`:
 this module sits below the metrics layer and may not import the adapters.
@@ -27,6 +28,8 @@ from django.core.checks import CheckMessage, Error
 from django.utils.module_loading import import_string
 
 from outbox.conf import PREFIX, SETTINGS, outbox_settings
+from outbox.exceptions import OutboxConfigurationError
+from outbox.retry import load_policy
 
 # Django's default queues of a Tasks backend without QUEUES (DEFAULT_TASK_QUEUE_NAME).
 _DEFAULT_TASK_QUEUES = ["default"]
@@ -44,6 +47,7 @@ def check_settings(
         *_prompt_drain(values),
         *_backoff(values),
         *_celery_time_limit(values),
+        *_retry_policy(values),
     ]
 
 
@@ -162,3 +166,25 @@ def _celery_time_limit(values: dict[str, Any]) -> Iterator[Error]:
             "also bounds the receiver in flight when the budget ends), or lower the budget.",
             id="outbox.E017",
         )
+
+
+def _retry_policy(values: dict[str, Any]) -> Iterator[Error]:
+    """outbox.E020: every failed delivery asks the policy, so one that does not load
+    would fail the drain at its first failure instead of retrying it."""
+    path = values.get("RETRY_POLICY")
+    if path is None:
+        return
+    try:
+        load_policy(path)
+    except OutboxConfigurationError as error:
+        problem = str(error)
+    except Exception as exc:  # importing the module raised something else
+        problem = f"OUTBOX_RETRY_POLICY = {path!r} cannot be imported ({exc!r})."
+    else:
+        return
+    yield Error(
+        problem,
+        hint="Set OUTBOX_RETRY_POLICY to the dotted path of a subclass of "
+        "outbox.retry.RetryPolicy, or remove it for the default 'outbox.retry.RetryPolicy'.",
+        id="outbox.E020",
+    )

@@ -212,6 +212,14 @@ class OutboxSettings:
         "keep its order. A category may set its own (see the docs).",
         at_least=0,
     )
+    RETRY_POLICY: Setting[str] = Setting(
+        "outbox.retry.RetryPolicy",
+        "Dotted path of the `outbox.retry.RetryPolicy` subclass that decides how failed "
+        "deliveries are retried: each retry's delay, and when a message becomes a dead "
+        "letter. The default backs off per `OUTBOX_BACKOFF_BASE_SECONDS` and "
+        "`OUTBOX_BACKOFF_MAX_SECONDS` and gives up per `OUTBOX_MAX_ATTEMPTS`. A category "
+        "may name its own (`OutboxCategory.retry_policy`).",
+    )
     INBOX_RETENTION_SECONDS: Setting[float] = Setting(
         7 * 24 * 3600.0,
         "How long the records of `inbox_receiver`s are kept (a week by default): a "
