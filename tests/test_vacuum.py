@@ -5,6 +5,7 @@ its thresholds and the health checks; elsewhere "not available", never an error.
 import io
 import json
 import os
+import re
 import time
 from contextlib import contextmanager
 
@@ -94,7 +95,8 @@ def test_an_open_transaction_is_named_its_age_grows_and_it_passes_max_xmin_age()
 def test_a_role_that_is_not_a_superuser_reads_it_without_the_other_sessions_age():
     """pg_stat_activity shows another role's session's pid, role, application and
     xmin, but not its state nor when its transaction began."""
-    role = f"outbox_reader{os.environ.get('OUTBOX_TEST_DB_SUFFIX', '')}".lower()
+    suffix = re.sub(r"\W", "_", os.environ.get("OUTBOX_TEST_DB_SUFFIX", ""))  # a bare name
+    role = f"outbox_reader{suffix}".lower()
     with connection.cursor() as cursor:
         cursor.execute(f"DROP ROLE IF EXISTS {role}")
         cursor.execute(f"CREATE ROLE {role} NOLOGIN")
