@@ -19,9 +19,9 @@ from outbox.backends.base import (
     Settlement,
     ShardFilter,
 )
-from outbox.backends.mariadb import MariaDBBackend
+from outbox.backends.mariadb.backend import MariaDBBackend
 from outbox.backends.portable import PortableBackend
-from outbox.backends.postgres import PostgresBackend
+from outbox.backends.postgresql.backend import PostgresBackend
 from outbox.backends.select import backend_class
 from outbox.models import ControlOutbox, RegionOutbox, ShardLease
 from outbox.shards import ShardKey
