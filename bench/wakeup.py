@@ -127,7 +127,7 @@ def _wait_for_listener(log_path: Path, timeout: float = 60.0) -> None:
     """Until the loop's LISTEN connection shows up: from then on no write is missed."""
     from django.db import connection
 
-    from outbox.backends.postgres_notify import APPLICATION_NAME
+    from outbox.backends.postgresql.notify import APPLICATION_NAME
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -175,7 +175,7 @@ def _summary(ms: list[float]) -> dict[str, float]:
 def _set_trigger(enabled: bool) -> None:
     from django.db import connection
 
-    from outbox.backends.postgres_notify import TRIGGER
+    from outbox.backends.postgresql.notify import TRIGGER
     from outbox.models import RegionOutbox
 
     table = connection.ops.quote_name(RegionOutbox._meta.db_table)
@@ -190,7 +190,7 @@ def _write_cost(iterations: int, block: int) -> dict[str, Any]:
     import psycopg
 
     from bench.db import conninfo, reset
-    from outbox.backends.postgres_notify import channel
+    from outbox.backends.postgresql.notify import channel
     from outbox.models import RegionOutbox
 
     spent = {True: 0.0, False: 0.0}
@@ -234,7 +234,7 @@ def _toggle(
     import psycopg
 
     from bench.db import conninfo
-    from outbox.backends.postgres_notify import TRIGGER
+    from outbox.backends.postgresql.notify import TRIGGER
     from outbox.models import RegionOutbox
 
     table = f'"{RegionOutbox._meta.db_table}"'
@@ -286,7 +286,7 @@ def measure(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
     from django.db import connection
 
     from bench.db import reset
-    from outbox.backends.postgres_notify import sync_triggers
+    from outbox.backends.postgresql.notify import sync_triggers
 
     if connection.vendor != "postgresql":
         return {"skipped": "LISTEN/NOTIFY needs PostgreSQL"}
@@ -382,7 +382,7 @@ def _serve_floor() -> None:
     import psycopg
 
     from bench.db import conninfo
-    from outbox.backends.postgres_notify import channel
+    from outbox.backends.postgresql.notify import channel
     from outbox.models import RegionOutbox
 
     table = f'"{RegionOutbox._meta.db_table}"'

@@ -18,8 +18,7 @@ class OutboxConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         import outbox.checks  # noqa: F401  (registers the system checks)
-        from outbox.backends.postgres_notify import sync_triggers_after_migrate
-        from outbox.backends.select import commit_with_last_insert
+        from outbox.backends.select import after_migrate, commit_with_last_insert
         from outbox.engine.drain import flush_shards
         from outbox.engine.eager import deliver_eagerly
         from outbox.writes import path
@@ -30,10 +29,9 @@ class OutboxConfig(AppConfig):
         hooks.commit_with_last_insert = commit_with_last_insert
         hooks.flush_in_test_transaction = deliver_eagerly
         _install_metrics()
-        # After every migrate: the NOTIFY trigger on each outbox table (PostgreSQL).
-        post_migrate.connect(
-            sync_triggers_after_migrate, sender=self, dispatch_uid="outbox.notify_triggers"
-        )
+        # After every migrate: what each database's backend sets up beyond the tables
+        # (PostgreSQL's NOTIFY trigger on each outbox table).
+        post_migrate.connect(after_migrate, sender=self, dispatch_uid="outbox.notify_triggers")
 
 
 def _install_metrics() -> None:

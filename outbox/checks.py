@@ -1,6 +1,6 @@
-"""System checks with stable ids: outbox.W001/E001, E018, E019 and E021 here, the other
-settings' checks (outbox.E010 to E017, E020) in `outbox.checks_settings`. Imported by the
-app config when it is ready.
+"""System checks with stable ids: outbox.W001/E001, E018, E019, E021 and E022 here, the
+other settings' checks (outbox.E010 to E017, E020) in `outbox.checks_settings`. Imported
+by the app config when it is ready.
 
 A category without a receiver is a warning (outbox.W001) by default, so a project under
 construction, or a quick start, can still `migrate`; its messages are kept and retried,
@@ -16,6 +16,7 @@ from typing import Any
 from django.apps import AppConfig
 from django.core.checks import ERROR, WARNING, CheckMessage, Error, Tags, register
 
+from outbox.backends.select import import_backend
 from outbox.categories import OutboxCategory, registry
 from outbox.checks_settings import check_settings
 from outbox.conf import SETTINGS, outbox_settings
@@ -99,6 +100,25 @@ def check_metrics(
         problem = f"{error.problem} The app runs without metrics."
         return [Error(problem, hint=error.hint, id="outbox.E018")]
     return []
+
+
+@register()
+def check_backends(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """outbox.E022: a backend of OUTBOX_BACKENDS that does not load would stop every
+    drain and flush on first use."""
+    setting = SETTINGS["BACKENDS"]
+    if setting.problem(setting.configured()):
+        return []  # outbox.E011 or E012 reports it
+    errors: list[CheckMessage] = []
+    for path in outbox_settings.BACKENDS:
+        try:
+            import_backend(path)
+        except OutboxConfigurationError as error:
+            hint = "Name a subclass of outbox.backends.OutboxBackend by its dotted path."
+            errors.append(Error(f"OUTBOX_BACKENDS: {error}.", hint=hint, id="outbox.E022"))
+    return errors
 
 
 @register()

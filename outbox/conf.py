@@ -127,6 +127,19 @@ class OutboxSettings:
         "Use the fast path of PostgreSQL and of MariaDB 10.6+. Off, they take the portable "
         "path like every other database.",
     )
+    BACKENDS: Setting[list[str]] = Setting(
+        [
+            "outbox.backends.postgresql.PostgresBackend",
+            "outbox.backends.mariadb.MariaDBBackend",
+            "outbox.backends.portable.PortableBackend",
+        ],
+        "The database backends, as dotted paths to `OutboxBackend` subclasses, tried in "
+        "order: the first whose `supports(connection)` accepts a database drains it, and "
+        "the portable path drains a database none accepts. With `OUTBOX_FAST_PATH` off, "
+        "only subclasses of `PortableBackend` are tried. A backend of your own goes "
+        "first (see the how-to 'Write a backend'); `outbox.E022` reports a path that does "
+        "not import or is not an `OutboxBackend`.",
+    )
     SETTLE_IN_BACKGROUND: Setting[bool] = Setting(
         True,
         "On the fast paths of PostgreSQL and MariaDB: while a drain works through a "

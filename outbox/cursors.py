@@ -6,7 +6,7 @@ reconnect. Each is handed out inside Django's own cursor wrapper, so query loggi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from weakref import WeakKeyDictionary
 
 if TYPE_CHECKING:
@@ -34,3 +34,16 @@ def kept_cursor(connection: BaseDatabaseWrapper, purpose: str, make: Callable[[A
     if connection.queries_logged:
         return connection.make_debug_cursor(cursor)
     return connection.make_cursor(cursor)
+
+
+class CommitWithInsert(Protocol):
+    """A database's way to send the deferred writer's COMMIT in the same round trip as
+    its last INSERT (`OutboxBackend.commit_with_last_insert`): an execute wrapper for
+    that INSERT, and the driver cursor the INSERT runs on (made by `cursor(driver)`,
+    kept by `kept_cursor`), so that what the driver needs stays with the database."""
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any: ...
+
+    def cursor(self, driver: Any) -> Any: ...

@@ -42,15 +42,22 @@ def _forget(*, setting: str, **kwargs: Any) -> None:
 
 setting_changed.connect(_forget, dispatch_uid="outbox.setting.forget")
 
-_KIND_NAMES = {bool: "True or False", int: "an integer", float: "a number", str: "a string"}
+_KIND_NAMES = {
+    bool: "True or False",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list of strings",
+}
 
 
 class Setting(Generic[T]):
     """One ``OUTBOX_*`` setting: a descriptor on `OutboxSettings` returning its value.
 
-    `kind` is the Python type of the value (`bool`, `int`, `float` or `str`; taken from
-    the default unless the default is None, which also allows None). `above` and
-    `at_least` bound numbers; strings must not be empty unless `blank`.
+    `kind` is the Python type of the value (`bool`, `int`, `float`, `str` or `list`, of
+    strings, where a tuple is fine too; taken from the default unless the default is
+    None, which also allows None). `above` and `at_least` bound numbers; strings and
+    lists must not be empty unless `blank`.
     """
 
     name: str
@@ -91,8 +98,8 @@ class Setting(Generic[T]):
             words += f" above {self.above:g}"
         if self.at_least is not None:
             words += f" of at least {self.at_least:g}"
-        if self.kind is str and not self.blank:
-            words = "a non-empty string"
+        if self.kind in (str, list) and not self.blank:
+            words = words.replace("a ", "a non-empty ", 1)
         return words + (", or None" if self.nullable else "")
 
     @overload
@@ -139,6 +146,8 @@ class Setting(Generic[T]):
             fits = self.kind is bool
         elif self.kind is float:
             fits = isinstance(value, (int, float))
+        elif self.kind is list:
+            fits = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
         else:
             fits = isinstance(value, self.kind)
         if fits:
@@ -149,7 +158,7 @@ class Setting(Generic[T]):
         """Why a value of the right type is out of range, or None if it is not."""
         if value is None or isinstance(value, bool):
             return None
-        if isinstance(value, str):
+        if isinstance(value, (str, list, tuple)):
             return None if value or self.blank else f"is empty; it must be {self.expected}"
         out_of_range = (
             (isinstance(value, float) and not math.isfinite(value))

@@ -19,12 +19,13 @@ from outbox.backends.base import (
     Settlement,
     ShardFilter,
 )
-from outbox.backends.mariadb import MariaDBBackend
+from outbox.backends.mariadb.backend import MariaDBBackend
 from outbox.backends.portable import PortableBackend
-from outbox.backends.postgres import PostgresBackend
+from outbox.backends.postgresql.backend import PostgresBackend
 from outbox.backends.select import backend_class
 from outbox.models import ControlOutbox, RegionOutbox, ShardLease
 from outbox.shards import ShardKey
+from outbox.signals import message_processed
 from tests.conftest import committing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory
 from tests.testapp.categories import Scope
@@ -307,3 +308,24 @@ def test_release_drops_only_our_leases(backend):
     backend.release(RegionOutbox, mine, [key(1), key(2)])
     assert list(ShardLease.objects.values_list("token", flat=True)) == ["theirs"]
     backend.release(RegionOutbox, mine, [])  # nothing to do is fine
+
+
+def test_the_engine_not_a_signal_decides_whether_date_added_is_read(backend):
+    """A backend reads the newest rows' date_added when the caller asks (`timed`), and
+    only then on the fast paths, whatever receivers `message_processed` has."""
+    RegionOutboxFactory(shard_identifier=1)
+
+    def processed(**kwargs):
+        pass
+
+    message_processed.connect(processed, sender=RegionOutbox, weak=False)
+    try:
+        plain = backend.read_window(RegionOutbox, [key(1)], 10)
+        timed = backend.read_window(RegionOutbox, [key(1)], 10, timed=True)
+    finally:
+        message_processed.disconnect(processed, sender=RegionOutbox)
+    [group] = timed.shards[key(1)]
+    assert group.message.date_added is not None
+    if not isinstance(backend, PortableBackend):  # the ORM reads whole rows anyway
+        [group] = plain.shards[key(1)]
+        assert group.message.date_added is None

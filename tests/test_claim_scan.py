@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from outbox.backends import get_backend
-from outbox.backends.postgres import PostgresBackend
+from outbox.backends.postgresql.backend import PostgresBackend
 from outbox.engine import drain_outboxes
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing

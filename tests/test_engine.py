@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from outbox.backends import get_backend
 from outbox.backends.base import Lease, Settlement, ShardFilter
-from outbox.backends.mariadb import MariaDBBackend
-from outbox.backends.postgres import PostgresBackend
+from outbox.backends.mariadb.backend import MariaDBBackend
+from outbox.backends.postgresql.backend import PostgresBackend
 from outbox.engine import Drainer, drain_outboxes
 from outbox.exceptions import DrainInTransaction
 from outbox.models import ControlOutbox, RegionOutbox, ShardLease

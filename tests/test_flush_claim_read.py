@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from outbox.backends import get_backend
-from outbox.backends.postgres import PostgresBackend
+from outbox.backends.postgresql.backend import PostgresBackend
 from outbox.engine import Drainer
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing

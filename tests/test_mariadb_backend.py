@@ -17,10 +17,10 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-import outbox.backends.mariadb as mariadb
-import outbox.backends.mariadb_params as mariadb_params
+import outbox.backends.mariadb.backend as mariadb
+import outbox.backends.mariadb.params as mariadb_params
 from outbox.backends.base import FailedGroup, Lease, Settlement, ShardFilter
-from outbox.backends.mariadb import MariaDBBackend
+from outbox.backends.mariadb.backend import MariaDBBackend
 from outbox.backends.select import get_backend
 from outbox.engine import drain_outboxes
 from outbox.models import ControlOutbox, RegionOutbox, ShardLease

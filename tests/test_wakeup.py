@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.db import connection, connections, transaction
 
 from outbox import outbox_context
-from outbox.backends.postgres_notify import (
+from outbox.backends.postgresql.notify import (
     APPLICATION_NAME,
     TRIGGER,
     Listener,
@@ -26,8 +26,9 @@ from outbox.backends.postgres_notify import (
     sync_triggers,
     trigger_channel,
 )
+from outbox.backends.select import listeners
 from outbox.engine import DrainWorker
-from outbox.engine.wakeup import StopEvent, Waiter, channels_by_database
+from outbox.engine.wakeup import StopEvent, Waiter
 from outbox.models import ControlOutbox, OutboxBase, RegionOutbox
 from tests.conftest import committing
 from tests.testapp.categories import Category, Scope
@@ -229,8 +230,13 @@ def test_a_stop_request_ends_an_idle_wait_at_once(settings):
     assert not outcome.abandoned
 
 
+def channels_by_database() -> dict[str, list[str]]:
+    """The channels each database's listener would LISTEN on."""
+    return {alias: listener.channels for alias, listener in listeners(None, None).items()}
+
+
 def test_other_databases_and_the_setting_off_only_poll(settings):
-    listening = channels_by_database(None, None)
+    listening = channels_by_database()
     if django_settings.TEST_DB == "postgres":
         assert listening == {
             "default": [channel(RegionOutbox)],
@@ -239,7 +245,7 @@ def test_other_databases_and_the_setting_off_only_poll(settings):
     else:
         assert listening == {}
     settings.OUTBOX_NOTIFY = False
-    assert channels_by_database(None, None) == {}
+    assert channels_by_database() == {}
     stop = StopEvent()
     with Waiter(None, None, stop) as waiter:
         started = time.monotonic()
@@ -250,6 +256,7 @@ def test_other_databases_and_the_setting_off_only_poll(settings):
 @postgres_only
 def test_the_listener_connects_on_its_own_connection():
     listener = Listener("default", [channel(RegionOutbox)])
+    listener.connect()
     try:
         assert listener.backend_pid in listener_pids()
         assert listener.backend_pid != connection.connection.info.backend_pid

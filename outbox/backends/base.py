@@ -25,179 +25,37 @@ What every backend guarantees, whatever its path:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from outbox.backends.listener import WakeListener
+from outbox.backends.records import (
+    FailedGroup,
+    Group,
+    Lease,
+    Message,
+    Settlement,
+    SettleResult,
+    ShardFilter,
+    Window,
+)
 from outbox.backends.wake import wake_backed_off
+from outbox.cursors import CommitWithInsert
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
-
-@dataclass
-class Lease:
-    """A claim on some shards of one outbox table, shared by one batch.
-
-    `seconds` is the lease length (each renewal extends it by that much from now on the
-    database clock); `shards` are the shards the claim won and still works on.
-    """
-
-    token: str
-    holder: str
-    seconds: float
-    shards: list[ShardKey] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class ShardFilter:
-    """Which shards a claim may take. Empty means any due shard of the table.
-
-    `shards` limits the claim to these shards; `scopes` and `identifiers` to shards of
-    those scopes or identifiers. `after` is a fairness hint, not a filter: a backend
-    that walks shards in key order starts after it and wraps around. `small` is a hint
-    too: the last batch was full and its shards held about one row each, so a backend
-    may look for due shards by scanning rows rather than skipping from shard to shard.
-    """
-
-    shards: tuple[ShardKey, ...] | None = None
-    scopes: tuple[int, ...] | None = None
-    identifiers: tuple[int, ...] | None = None
-    after: ShardKey | None = None
-    small: bool = False
-
-
-class Message:
-    """The newest row of a group as a fast path reads it: only what the signal needs.
-
-    A backend may instead hand the engine the model instance itself; both carry the
-    shard fields, `category`, `object_identifier`, `attempts`, `message_id`, `headers`,
-    a decoded `payload` and the times.
-    """
-
-    __slots__ = (
-        "attempts",
-        "category",
-        "date_added",
-        "delivered_to",
-        "headers",
-        "id",
-        "message_id",
-        "object_identifier",
-        "payload",
-        "region_name",
-        "scheduled_for",
-        "shard_identifier",
-        "shard_scope",
-    )
-
-    def __init__(
-        self,
-        group: Group,
-        payload: Any,
-        date_added: Any,
-        scheduled_for: Any,
-        delivered_to: str = "",
-        message_id: Any = None,
-        headers: Any = None,
-    ) -> None:
-        self.id = group.newest_id
-        self.attempts = group.attempts[-1]
-        self.region_name, self.shard_scope, self.shard_identifier = group.shard
-        self.category = group.category
-        self.object_identifier = group.object_identifier
-        self.payload = payload
-        self.date_added = date_added
-        self.scheduled_for = scheduled_for
-        self.delivered_to = delivered_to
-        self.message_id = message_id
-        self.headers = headers
-
-
-class Group:
-    """A coalescing group as read: its pending row ids (oldest first), their attempts,
-    and its newest row (`message`; None when an operator removed it meanwhile).
-
-    A plain class with slots: the engine makes one per group read, on the hot path.
-    """
-
-    __slots__ = ("attempts", "category", "message", "object_identifier", "row_ids", "shard")
-
-    def __init__(self, shard: ShardKey, category: int, object_identifier: int) -> None:
-        self.shard = shard
-        self.category = category
-        self.object_identifier = object_identifier
-        self.row_ids: list[int] = []
-        self.attempts: list[int] = []
-        self.message: OutboxBase | Message | None = None
-
-    @property
-    def newest_id(self) -> int:
-        return self.row_ids[-1]
-
-
-@dataclass
-class Window:
-    """One read of the claimed shards: groups per shard in order of their oldest row.
-
-    `incomplete` names the shards that may have more rows than were read; the others
-    were read to their end (as far as this read could see).
-    """
-
-    shards: dict[ShardKey, list[Group]]
-    incomplete: set[ShardKey]
-
-
-@dataclass(frozen=True)
-class FailedGroup:
-    """A group whose receiver raised: when to retry each row, the error, and how long
-    its shard backs off (the delay of the shard's head row).
-
-    `traceback` is the formatted traceback; `delivered_to` (JSON text, "" for none) lists
-    the receivers that succeeded for the group's newest row (the highest id in
-    `row_delays`), written on that row only. As a dead group, the delays are unused.
-    """
-
-    shard: ShardKey
-    row_delays: dict[int, float]
-    error: str
-    block_seconds: float
-    traceback: str = ""
-    delivered_to: str = ""
-    asked_later: bool = False  # every receiver that failed raised RetryLater
-
-
-@dataclass(frozen=True)
-class Settlement:
-    """The end of a round, for one lease.
-
-    - `delivered`: per shard, the row ids whose receivers succeeded: delete them;
-    - `failed`: groups to reschedule; their shards keep a lease row without a holder
-      until the back-off ends, so their later groups wait in order;
-    - `release`: finished shards whose lease to drop (never a failed shard);
-    - `dead`: groups to move to the dead-letter state: their rows are kept with
-      `dead_at` set, the attempt recorded as for a failure, and are never read or
-      claimed again; their shard goes on (release it, or keep delivering).
-    """
-
-    delivered: Mapping[ShardKey, Sequence[int]] = field(default_factory=dict)
-    failed: Sequence[FailedGroup] = ()
-    release: Sequence[ShardKey] = ()
-    dead: Sequence[FailedGroup] = ()
-
-
-@dataclass(frozen=True)
-class SettleResult:
-    """What a settlement did: rows deleted, and the shards whose lease was lost (their
-    rows were neither deleted nor rescheduled; another worker delivers them again)."""
-
-    deleted: int = 0
-    lost: frozenset[ShardKey] = frozenset()
-
-
-# What `connection.execute_wrapper` takes: (execute, sql, params, many, context).
-ExecuteWrapper = Callable[..., Any]
+__all__ = [
+    "FailedGroup",
+    "Group",
+    "Lease",
+    "Message",
+    "OutboxBackend",
+    "SettleResult",
+    "Settlement",
+    "ShardFilter",
+    "Window",
+]
 
 
 class OutboxBackend(ABC):
@@ -221,12 +79,46 @@ class OutboxBackend(ABC):
         """Whether this backend can run on `connection` (vendor and features)."""
 
     @classmethod
-    def commit_with_last_insert(cls, connection: BaseDatabaseWrapper) -> ExecuteWrapper | None:
-        """An optional capability for the write path's deferred writer: an execute
-        wrapper (`connection.execute_wrapper`) that sends the COMMIT in the same round
-        trip as the INSERT it wraps, or None where the database cannot. The transaction
-        must end with that statement; the driver's own commit afterwards must then be a
-        no-op."""
+    def commit_with_last_insert(cls, connection: BaseDatabaseWrapper) -> CommitWithInsert | None:
+        """Optional, for the write path's deferred writer: an execute wrapper
+        (`connection.execute_wrapper`) that sends the COMMIT in the same round trip as
+        the INSERT it wraps, with the cursor that INSERT runs on
+        (`outbox.cursors.CommitWithInsert`), or None where the database cannot. The
+        transaction must end with that statement; the driver's own commit afterwards
+        must then be a no-op. Asked of the first backend that supports the database,
+        whatever OUTBOX_FAST_PATH says (a capability of the database, not of the drain)."""
+        return None
+
+    @classmethod
+    def is_transient(cls, exc: BaseException) -> bool:
+        """Whether `exc`, or an error behind it (its cause or context), is one the engine
+        may retry at once: a deadlock or a lock timeout (`lock_error`)."""
+        seen: set[int] = set()
+        current: BaseException | None = exc
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            if cls.lock_error(current):
+                return True
+            current = current.__cause__ or current.__context__
+        return False
+
+    @classmethod
+    def lock_error(cls, error: BaseException) -> bool:
+        """Whether this one driver error is a deadlock or a lock timeout, known by its
+        code, never by its text. None is, unless a backend knows its driver's codes."""
+        return False
+
+    def listener(self, models: Sequence[type[OutboxBase]]) -> WakeListener | None:
+        """Optional: an unconnected listener (`outbox.backends.listener`) that wakes an
+        idle drain loop when rows of these tables (all on this database) are committed,
+        or None where the database cannot. Asked of the first backend that supports
+        the database, whatever OUTBOX_FAST_PATH says."""
+        return None
+
+    def after_migrate(self) -> None:
+        """Optional: set up what the backend needs in the database beyond the models'
+        tables (PostgreSQL's NOTIFY triggers), idempotently. Runs after every `migrate`
+        of this database, on the first backend that supports it."""
         return None
 
     @abstractmethod
@@ -243,7 +135,13 @@ class OutboxBackend(ABC):
         """
 
     def claim_and_read(
-        self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey], limit: int
+        self,
+        model: type[OutboxBase],
+        lease: Lease,
+        shards: Sequence[ShardKey],
+        limit: int,
+        *,
+        timed: bool = False,
     ) -> Window | None:
         """Optional: `claim` of the given `shards` (as `ShardFilter(shards=...)`, no
         limit but their count) and `read_window` of the shards won, in one step, which
@@ -254,7 +152,12 @@ class OutboxBackend(ABC):
 
     @abstractmethod
     def read_window(
-        self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int
+        self,
+        model: type[OutboxBase],
+        shards: Sequence[ShardKey],
+        limit: int,
+        *,
+        timed: bool = False,
     ) -> Window:
         """Read the first pending rows of `shards` (about `limit` in all), coalesced into
         groups. Dead rows are never read. A shard is read in id order up to its first row
@@ -263,7 +166,9 @@ class OutboxBackend(ABC):
 
         Each group's `message` must carry the payload decoded the way Django decodes
         the model's payload field (its decoder, its converters). Shards that may hold
-        more rows than were read are listed in `Window.incomplete`.
+        more rows than were read are listed in `Window.incomplete`. `timed`: the engine
+        measures each message's lag, so each `message` must carry its `date_added`;
+        without, a backend may leave it None.
         """
 
     @abstractmethod

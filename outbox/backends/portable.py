@@ -40,8 +40,13 @@ from outbox.backends.base import (
 )
 from outbox.backends.coalesce import coalesce
 from outbox.backends.conditions import any_of, lease_key
+from outbox.backends.mariadb.errors import is_lock_error as mariadb_lock_error
+from outbox.backends.postgresql.errors import is_lock_error as postgresql_lock_error
 from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet
 from outbox.shards import ShardKey
+
+# SQLite primary result codes: SQLITE_BUSY, SQLITE_LOCKED (extended codes share the low byte).
+_SQLITE_LOCKED = frozenset({5, 6})
 
 
 def db_now_plus(seconds: float) -> ExpressionWrapper[Any]:
@@ -60,6 +65,15 @@ class PortableBackend(OutboxBackend):
     @classmethod
     def supports(cls, connection: BaseDatabaseWrapper) -> bool:
         return True
+
+    @classmethod
+    def lock_error(cls, error: BaseException) -> bool:
+        """SQLite's busy and locked errors, and those of every database this path runs
+        on that has a backend of its own."""
+        code = getattr(error, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF in _SQLITE_LOCKED:
+            return True
+        return postgresql_lock_error(error) or mariadb_lock_error(error)
 
     def leases(self, model: type[OutboxBase]) -> ShardLeaseQuerySet:
         leases: ShardLeaseQuerySet = ShardLease.objects.using(self.using)
@@ -138,7 +152,12 @@ class PortableBackend(OutboxBackend):
     # -- read ---------------------------------------------------------------------------
 
     def read_window(
-        self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int
+        self,
+        model: type[OutboxBase],
+        shards: Sequence[ShardKey],
+        limit: int,
+        *,
+        timed: bool = False,  # the model instances read always carry date_added
     ) -> Window:
         selectors = [Q(**model.shard_lookup(key)) for key in shards]
         columns = (*model.shard_fields, "id", "category", "object_identifier", "attempts", "due")

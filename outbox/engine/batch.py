@@ -68,8 +68,7 @@ class BatchWorker:
         try:
             while active and not self.stop.is_set():
                 if window is None:
-                    with collector_paused():
-                        window = self.backend.read_window(self.model, active, self.window_rows())
+                    window = self.read(active)
                 reached = cut_at_bounds(window, bounds) if bounds else set()
                 round_ = Round()
                 delivered = False
@@ -113,6 +112,13 @@ class BatchWorker:
 
     def window_rows(self) -> int:
         return outbox_settings.BATCH_ROWS
+
+    def read(self, shards: list[ShardKey]) -> Window:
+        """The next window of `shards`; with each message's date_added where the
+        engine measures its lag."""
+        timed = events.wants_processed(self.model)
+        with collector_paused():
+            return self.backend.read_window(self.model, shards, self.window_rows(), timed=timed)
 
     def release_remaining(self, lease: Lease) -> None:
         if lease.shards and release_quietly(self.backend, self.model, lease):
@@ -177,7 +183,7 @@ class BatchWorker:
 
     def _settle(self, lease: Lease, round_: Round, done: list[ShardKey], stats: DrainStats) -> None:
         settlement = round_.settlement(done)
-        settled = retrying(lambda: self.backend.settle(self.model, lease, settlement))
+        settled = retrying(self.backend, lambda: self.backend.settle(self.model, lease, settlement))
         round_.lost.update(settled.lost)
         events.leases_lost(self.model, round_.lost, self.using)
         round_.add_to(stats, settled.deleted)

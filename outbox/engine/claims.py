@@ -42,14 +42,14 @@ class Claims:
         """Wake the backing-off shards (of `shards`, if given) passing the filters that
         a message reached since their last failure, for one early attempt; returns them."""
         where = self._filter(shards)
-        return retrying(lambda: self.backend.wake(self.model, where))
+        return retrying(self.backend, lambda: self.backend.wake(self.model, where))
 
     def claim(self, lease: Lease, limit: int, shards: tuple[ShardKey, ...] | None = None) -> Lease:
         """Claim up to `limit` shards (of `shards`, if given) passing the filters; the
         next claim resumes after the last shard won."""
         where = self._filter(shards)
         started = time.monotonic()
-        retrying(lambda: self.backend.claim(self.model, lease, where, limit))
+        retrying(self.backend, lambda: self.backend.claim(self.model, lease, where, limit))
         events.claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)
         if shards is None and lease.shards:
             self.cursor = lease.shards[-1]
@@ -63,7 +63,11 @@ class Claims:
         started = time.monotonic()  # the claim's duration includes its read here
         try:
             rows = self._batch.window_rows()
-            window = retrying(lambda: self.backend.claim_and_read(self.model, lease, shards, rows))
+            timed = events.wants_processed(self.model)  # the lag needs date_added
+            window = retrying(
+                self.backend,
+                lambda: self.backend.claim_and_read(self.model, lease, shards, rows, timed=timed),
+            )
         except BaseException:
             self._batch.release_remaining(lease)  # won, then failed reading: let them go now
             raise

@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 from django.db import connections
 
 from outbox.backends.base import Lease, OutboxBackend
-from outbox.backends.errors import is_transient_lock_error
 from outbox.conf import outbox_settings
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
@@ -133,13 +132,14 @@ class LeaseKeeper:
         holding.lost.update(key for key in holding.lease.shards if key not in held)
 
 
-def retrying(operation: Callable[[], _T]) -> _T:
-    """Run a short engine statement, retrying deadlocks and lock timeouts."""
+def retrying(backend: OutboxBackend, operation: Callable[[], _T]) -> _T:
+    """Run a short engine statement, retrying the errors the backend calls transient
+    (deadlocks and lock timeouts)."""
     for attempt in range(5):
         try:
             return operation()
         except Exception as exc:
-            if attempt == 4 or not is_transient_lock_error(exc):
+            if attempt == 4 or not backend.is_transient(exc):
                 raise
             time.sleep(0.01 * 2**attempt)
     raise AssertionError("unreachable")
@@ -150,7 +150,7 @@ def release_quietly(backend: OutboxBackend, model: type[OutboxBase], lease: Leas
     if that failed: the leases expire by themselves, and the error that brought the
     caller here matters more."""
     try:
-        retrying(lambda: backend.release(model, lease, lease.shards))
+        retrying(backend, lambda: backend.release(model, lease, lease.shards))
     except Exception:
         logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
         return False

@@ -235,7 +235,9 @@ class SettleBehind:
         thread leaves them, before the error reaches the drain."""
         try:
             lease = pending.lease
-            return retrying(lambda: self.backend.settle(self.model, lease, pending.settlement))
+            return retrying(
+                self.backend, lambda: self.backend.settle(self.model, lease, pending.settlement)
+            )
         except BaseException:
             release_quietly(self.backend, self.model, pending.lease)
             raise

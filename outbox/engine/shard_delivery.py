@@ -132,7 +132,7 @@ class ShardDeliverer:
         meanwhile are lost: their rows, read before, may be delivered and gone already."""
         if not holding.renewal_overdue(time.monotonic()):
             return
-        held = retrying(lambda: self.backend.renew(self.model, holding.lease))
+        held = retrying(self.backend, lambda: self.backend.renew(self.model, holding.lease))
         holding.renewed_at = time.monotonic()
         holding.lost.update(key for key in holding.lease.shards if key not in held)
 

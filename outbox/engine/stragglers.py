@@ -184,7 +184,9 @@ class Stragglers:
         lease = Lease(window_lease.token, window_lease.holder, window_lease.seconds, shards)
         settlement = merged.settlement(done)
         try:
-            settled = retrying(lambda: self.backend.settle(self.model, lease, settlement))
+            settled = retrying(
+                self.backend, lambda: self.backend.settle(self.model, lease, settlement)
+            )
         finally:
             keeper = LeaseKeeper.get()
             for task, _ in landed:

@@ -258,7 +258,7 @@ class Drainer:
     def unreserve(self, token: str, shards: Sequence[ShardKey]) -> None:
         """Release `shards` where the reservation `token` still holds them."""
         lease = Lease(token, self.holder, outbox_settings.LEASE_SECONDS, list(shards))
-        retrying(lambda: self.backend.release(self.model, lease, lease.shards))
+        retrying(self.backend, lambda: self.backend.release(self.model, lease, lease.shards))
 
     def _refuse_open_transaction(self) -> None:
         if connections[self.using].in_atomic_block:

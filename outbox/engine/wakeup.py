@@ -1,12 +1,12 @@
 """How an idle drain loop waits: until a table it drains is written to, the poll interval
 passes or it is asked to stop, whichever comes first.
 
-On PostgreSQL with `OUTBOX_NOTIFY` on (the default), each database the loop drains gets
-a LISTEN connection of its own (`backends.postgres_notify.Listener`) on its tables'
-channels, which their triggers notify as an INSERT commits; the wait ends as soon as one
-arrives. A notification is only a hint: the loop still polls at
-`OUTBOX_LOOP_INTERVAL_SECONDS`, so a lost notification only delays a message to the next
-poll. A dropped connection is replaced at the next wait (at most once per
+Each database the loop drains whose backend offers a wake-up listener
+(`OutboxBackend.listener`: PostgreSQL's LISTEN/NOTIFY, with `OUTBOX_NOTIFY` on, the
+default) gets one, on a connection of its own, told as a transaction writing to its
+tables commits; the wait ends as soon as one arrives. A wake-up is only a hint: the
+loop still polls at `OUTBOX_LOOP_INTERVAL_SECONDS`, so a lost one only delays a message
+to the next poll. A dropped connection is replaced at the next wait (at most once per
 `_RECONNECT_SECONDS` while the database is away), and the wait ends right after a
 reconnect, since notifications sent meanwhile are gone. Other databases only poll.
 
@@ -22,14 +22,12 @@ import select
 import socket
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from django.db import connections, router
-
-from outbox.backends.postgres_notify import Listener, ListenerLost, channel, supports
-from outbox.models import OutboxBase, outbox_models
+from outbox.backends.listener import ListenerLost, WakeListener
+from outbox.backends.select import listeners
+from outbox.models import OutboxBase
 
 logger = logging.getLogger("outbox.engine")
 
@@ -56,18 +54,6 @@ class StopEvent(threading.Event):
             callback()
 
 
-def channels_by_database(
-    models: Sequence[type[OutboxBase]] | None, using: str | None
-) -> dict[str, list[str]]:
-    """The channels to LISTEN on, per database that wakes its drain loops."""
-    found: dict[str, list[str]] = defaultdict(list)
-    for model in models or outbox_models():
-        alias = using or router.db_for_write(model)
-        if supports(connections[alias]):
-            found[alias].append(channel(model))
-    return dict(found)
-
-
 class Waiter:
     """Waits for a notification on the tables of a drain loop, or the poll interval.
     Use it as a context manager: it listens from entry (so nothing committed during the
@@ -82,13 +68,13 @@ class Waiter:
         listen: bool = True,
     ) -> None:
         self.stop = stop
-        self.channels = channels_by_database(models, using) if listen else {}
-        self.listeners: dict[str, Listener] = {}
+        self.listeners: dict[str, WakeListener] = listeners(models, using) if listen else {}
+        self.connected: set[str] = set()
         self._retry_at = 0.0
         self._wake: tuple[socket.socket, socket.socket] | None = None
 
     def __enter__(self) -> Waiter:
-        if self.channels:
+        if self.listeners:
             self._wake = socket.socketpair()
             for end in self._wake:
                 end.setblocking(False)
@@ -105,7 +91,7 @@ class Waiter:
     ) -> None:
         if isinstance(self.stop, StopEvent) and self._interrupt in self.stop.on_set:
             self.stop.on_set.remove(self._interrupt)
-        self._drop(*self.listeners)
+        self._drop(*self.connected)
         if self._wake is not None:
             for end in self._wake:
                 end.close()
@@ -125,7 +111,7 @@ class Waiter:
                 "outbox listener failed; polling until it reconnects",
                 extra={"event": "outbox.listener_failed"},
             )
-            self._drop(*self.listeners)
+            self._drop(*self.connected)
             self._retry_at = time.monotonic() + _RECONNECT_SECONDS
             self.stop.wait(max(deadline - time.monotonic(), 0.0))
             return False
@@ -136,16 +122,16 @@ class Waiter:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            if len(self.listeners) < len(self.channels):  # try again to connect soon
+            if len(self.connected) < len(self.listeners):  # try again to connect soon
                 remaining = min(remaining, max(self._retry_at - time.monotonic(), 0.0))
             if not isinstance(self.stop, StopEvent):  # a plain Event cannot interrupt
                 remaining = min(remaining, _PLAIN_EVENT_SLICE)
             poller = select.poll()
             poller.register(self._wake[0], select.POLLIN)
             by_fd = {}
-            for alias, listener in self.listeners.items():
-                by_fd[listener.fd] = alias
-                poller.register(listener.fd, select.POLLIN)
+            for alias in self.connected:
+                by_fd[self.listeners[alias].fd] = alias
+                poller.register(self.listeners[alias].fd, select.POLLIN)
             ready = poller.poll(remaining * 1000)
             self._clear_wake()
             if self._take([by_fd[fd] for fd, _ in ready if fd in by_fd]) or self._connect():
@@ -171,18 +157,20 @@ class Waiter:
 
     def _drop(self, *aliases: str) -> None:
         for alias in aliases:
-            self.listeners.pop(alias).close()
+            self.connected.discard(alias)
+            self.listeners[alias].close()
 
     def _connect(self) -> bool:
         """Connect the listeners missing, if it is time to try; whether any was."""
-        if len(self.listeners) == len(self.channels) or time.monotonic() < self._retry_at:
+        if len(self.connected) == len(self.listeners) or time.monotonic() < self._retry_at:
             return False
         connected = False
-        for alias, names in self.channels.items():
-            if alias in self.listeners:
+        for alias, listener in self.listeners.items():
+            if alias in self.connected:
                 continue
             try:
-                self.listeners[alias] = Listener(alias, names)
+                listener.connect()
+                self.connected.add(alias)
                 connected = True
             except Exception as exc:  # the database may be away: poll meanwhile
                 self._retry_at = time.monotonic() + _RECONNECT_SECONDS

@@ -3,8 +3,9 @@
 - `flush(using, bounds)`: deliver the shards a committed transaction wrote, up to
   their bounds (the engine's synchronous flush).
 - `commit_with_last_insert(using)`: an execute wrapper that sends the COMMIT in the
-  same round trip as the deferred writer's last INSERT, or None where the database
-  cannot (a capability of the PostgreSQL backend).
+  same round trip as the deferred writer's last INSERT, with the cursor that INSERT
+  runs on (`outbox.cursors.CommitWithInsert`), or None where the database cannot (an
+  optional capability of a backend: PostgreSQL's).
 - `flush_in_test_transaction(using, bounds)`: deliver them inside the open transaction
   when on_commit callbacks run while only `django.test.TestCase`'s own transactions
   are open, as `captureOnCommitCallbacks(execute=True)` runs them (the engine's eager
@@ -19,21 +20,21 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from outbox.cursors import CommitWithInsert
 from outbox.shards import ShardKey
 
 if TYPE_CHECKING:
     from outbox.models import OutboxBase
 
 FlushBounds = Mapping["type[OutboxBase]", Mapping[ShardKey, "int | None"]]
-ExecuteWrapper = Callable[..., Any]
 
 
 @dataclass
 class WriteHooks:
     flush: Callable[[str, FlushBounds], object] | None = None
-    commit_with_last_insert: Callable[[str], ExecuteWrapper | None] | None = None
+    commit_with_last_insert: Callable[[str], CommitWithInsert | None] | None = None
     flush_in_test_transaction: Callable[[str, FlushBounds], object] | None = None
 
 

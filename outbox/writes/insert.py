@@ -14,10 +14,11 @@ flushed row is gone by the time anything could read them back). Used only where 
 COMMIT can ride along (PostgreSQL with client-side binding, whose multi-row
 `INSERT ... RETURNING` returns rows in the order given).
 
-It runs on one psycopg cursor kept per driver connection, wrapped in Django's cursor
-wrapper for each statement (so query logging and execute wrappers see it as usual):
-making a cursor and teaching it to load timestamps in C cost a one-row write more than
-rendering its statement does.
+It runs on one driver cursor kept per driver connection, made by the database's
+COMMIT-with-INSERT (`outbox.cursors.CommitWithInsert`: on PostgreSQL, one that loads
+timestamps in C), wrapped in Django's cursor wrapper for each statement (so query
+logging and execute wrappers see it as usual): making a cursor and teaching it to load
+timestamps cost a one-row write more than rendering its statement does.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from django.db.models import (
 from django.db.models.expressions import DatabaseDefault
 
 from outbox.columns import Convert, as_is, column_converter
-from outbox.cursors import kept_cursor
+from outbox.cursors import CommitWithInsert, kept_cursor
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -141,7 +142,7 @@ def insert(
     model: type[OutboxBase],
     snapshots: list[Snapshot],
     connection: BaseDatabaseWrapper,
-    wrapper: Any = None,
+    wrapper: CommitWithInsert | None = None,
 ) -> list[Snapshot] | None:
     """INSERT the held rows of `snapshots` (new rows of `model`) in one statement; return,
     per row, its primary key and database defaults by attname, converted as a queryset
@@ -160,7 +161,7 @@ def insert(
             return None
         values.append(f"({', '.join(marks)})")
     sql = plan.head + ", ".join(values) + plan.tail
-    cursor = _cursor(connection)
+    cursor = _cursor(connection, wrapper)
     if wrapper is None:
         cursor.execute(sql, params)
     else:
@@ -223,17 +224,13 @@ def _returned(plan: _Plan, rows: list[Any], timezone: Any) -> list[Snapshot]:
     return written
 
 
-def _cursor(connection: BaseDatabaseWrapper) -> Any:
-    """The cursor `insert` runs on, kept for the connection (`outbox.cursors`). It loads
-    timestamptz with psycopg's own loader (its C version where installed) instead of
-    Django's, a Python subclass that costs a returned row more than the rest of its
-    statement's Python; `_returned` then sets the tzinfo as Django's loader does."""
-    return kept_cursor(connection, "insert", _make_cursor)
+def _cursor(connection: BaseDatabaseWrapper, wrapper: CommitWithInsert | None) -> Any:
+    """The cursor `insert` runs on, kept for the connection (`outbox.cursors`): the one
+    the database's COMMIT-with-INSERT makes (which may load timestamps its own way;
+    `_returned` then sets the tzinfo as Django's loader does), else a plain one."""
+    make = _plain_cursor if wrapper is None else wrapper.cursor
+    return kept_cursor(connection, "insert", make)
 
 
-def _make_cursor(driver: Any) -> Any:
-    from psycopg.types.datetime import TimestamptzLoader
-
-    cursor = driver.cursor()
-    cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
-    return cursor
+def _plain_cursor(driver: Any) -> Any:
+    return driver.cursor()

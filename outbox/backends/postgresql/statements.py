@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-from outbox.backends.postgres_find_sql import FindSql
-from outbox.backends.postgres_settle_sql import SettleSql
+from outbox.backends.postgresql.find_sql import FindSql
+from outbox.backends.postgresql.settle_sql import SettleSql
 from outbox.models import OutboxBase
 
 
@@ -52,7 +52,7 @@ class _Renderer(FindSql, SettleSql):
         an expired lease that another claimer has locked is waited for, not skipped, then
         looked at again: taken over, it is not won; deleted, the key is inserted. A lease
         live in the statement's snapshot is not touched. Its generic plan, unlike that of
-        the arrays, costs what a planned one does (see `postgres_prepared`)."""
+        the arrays, costs what a planned one does (see `prepared`)."""
         return f"""
             won AS (
                 INSERT INTO {self.lease} AS l ("outbox", "region_name", "shard_scope",

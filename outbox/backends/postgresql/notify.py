@@ -4,8 +4,8 @@ Every outbox table gets a statement-level `AFTER INSERT` trigger that calls
 `pg_notify` on the table's channel. The write path sends nothing more: PostgreSQL
 delivers the notification when the transaction commits, once per channel however many
 rows it inserted, and never if it rolls back. `sync_triggers` installs (or, with
-`OUTBOX_NOTIFY` off, removes) the triggers on one database; the app runs it after every
-`migrate`, so custom outbox tables get theirs too.
+`OUTBOX_NOTIFY` off, removes) the triggers on one database; the backend runs it after
+every `migrate` (`PostgresBackend.after_migrate`), so custom outbox tables get theirs too.
 
 `Listener` is the other end: a psycopg connection apart from Django's (autocommit, never
 in a transaction) that LISTENs on the channels of the tables a drain loop serves. The
@@ -22,8 +22,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import connections, router, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 
+from outbox.backends.listener import ListenerLost
 from outbox.conf import outbox_settings
 from outbox.models import OutboxBase, outbox_models
 
@@ -57,9 +57,9 @@ _LISTENER_DEFAULTS = {
 _NOT_LIBPQ = ("context", "cursor_factory", "prepare_threshold", "autocommit")
 
 
-def supports(connection: BaseDatabaseWrapper) -> bool:
-    """Whether this database wakes its drain loops: PostgreSQL with `OUTBOX_NOTIFY` on."""
-    return connection.vendor == "postgresql" and outbox_settings.NOTIFY
+def notifies() -> bool:
+    """Whether PostgreSQL databases wake their drain loops: `OUTBOX_NOTIFY` is on."""
+    return bool(outbox_settings.NOTIFY)
 
 
 def channel(model: type[OutboxBase]) -> str:
@@ -132,22 +132,21 @@ def sync_triggers(
     return changed
 
 
-def sync_triggers_after_migrate(sender: Any, using: str = "default", **kwargs: Any) -> None:
-    """The `post_migrate` receiver: every table is migrated by then, custom ones too."""
-    sync_triggers(using)
-
-
-class ListenerLost(Exception):
-    """The LISTEN connection is gone; make a new one."""
-
-
 class Listener:
-    """A LISTEN connection of its own on one database, for the given channels."""
+    """A LISTEN connection of its own on one database, for the given channels
+    (`outbox.backends.listener.WakeListener`): made unconnected, connected by `connect`,
+    and again after `close`."""
 
     def __init__(self, using: str, channels: Sequence[str]) -> None:
+        self.using = using
+        self.channels = list(channels)
+        self.connection: Any = None
+        self.fd = -1
+
+    def connect(self) -> None:
         import psycopg
 
-        params = connections[using].get_connection_params()
+        params = connections[self.using].get_connection_params()
         for name in _NOT_LIBPQ:
             params.pop(name, None)
         params["application_name"] = APPLICATION_NAME
@@ -157,13 +156,12 @@ class Listener:
             params.setdefault(name, value)
         self.connection = psycopg.connect(**params, autocommit=True)
         try:
-            for name in channels:
+            for name in self.channels:
                 self.connection.execute(f'LISTEN "{name}"')
         except BaseException:
             self.connection.close()
+            self.connection = None
             raise
-        self.using = using
-        self.channels = list(channels)
         self.fd = self.connection.fileno()  # to wait on; libpq closes it when it fails
 
     @property
@@ -188,7 +186,10 @@ class Listener:
         return count
 
     def close(self) -> None:
+        if self.connection is None:
+            return
         try:
             self.connection.close()
         except Exception:  # closing a dead connection: nothing to save
             logger.debug("closing the outbox listener failed", exc_info=True)
+        self.connection, self.fd = None, -1

@@ -10,21 +10,20 @@
 - A round ends with one statement that deletes the delivered rows of shards still held,
   reschedules failed rows with per-row values, backs their shards off and releases the
   finished ones, and reports which shards are still held.
-The statements themselves live in `postgres_sql`, their parameters in `postgres_params`.
+The statements themselves live in `statements`, their parameters in `params`.
 """
 
 from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from outbox.backends.base import (
-    ExecuteWrapper,
     Lease,
     OutboxBackend,
     Settlement,
@@ -34,17 +33,21 @@ from outbox.backends.base import (
 )
 from outbox.backends.coalesce import coalesce
 from outbox.backends.convert import MessageReader
-from outbox.backends.postgres_params import (
+from outbox.backends.listener import WakeListener
+from outbox.backends.postgresql.errors import is_lock_error
+from outbox.backends.postgresql.insert import commit_with_last_insert
+from outbox.backends.postgresql.notify import Listener, channel, notifies, sync_triggers
+from outbox.backends.postgresql.params import (
     bound_params,
     claim_params,
     key_arrays,
     settle_params,
 )
-from outbox.backends.postgres_prepared import prepared_cursor
-from outbox.backends.postgres_sql import Statements, statements
+from outbox.backends.postgresql.prepared import prepared_cursor
+from outbox.backends.postgresql.statements import Statements, statements
+from outbox.cursors import CommitWithInsert
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
-from outbox.signals import message_processed
 
 # PostgreSQL prints jsonb without surrounding whitespace: raw_decode skips the checks
 # json.loads makes for it, which matter at one call per message.
@@ -66,17 +69,23 @@ class PostgresBackend(OutboxBackend):
         )
 
     @classmethod
-    def commit_with_last_insert(cls, connection: BaseDatabaseWrapper) -> ExecuteWrapper | None:
-        """psycopg 3 with client-side binding (Django's default) sends a multi-statement
-        query as one message, so `INSERT ...; COMMIT` costs one round trip; psycopg's own
-        commit afterwards finds the transaction ended and does nothing. Server-side
-        binding and psycopg 2 cannot."""
-        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+    def commit_with_last_insert(cls, connection: BaseDatabaseWrapper) -> CommitWithInsert | None:
+        return commit_with_last_insert(connection)
 
-        options = connection.settings_dict.get("OPTIONS", {})
-        if not is_psycopg3 or options.get("server_side_binding"):
+    @classmethod
+    def lock_error(cls, error: BaseException) -> bool:
+        return is_lock_error(error)
+
+    def listener(self, models: Sequence[type[OutboxBase]]) -> WakeListener | None:
+        """A LISTEN connection on the tables' channels (`notify`), unless OUTBOX_NOTIFY
+        is off."""
+        if not notifies():
             return None
-        return _append_commit
+        return Listener(self.using, [channel(model) for model in models])
+
+    def after_migrate(self) -> None:
+        """Give every outbox table its NOTIFY trigger, or take it away (`notify`)."""
+        sync_triggers(self.using)
 
     def __init__(self, using: str) -> None:
         super().__init__(using)
@@ -84,7 +93,7 @@ class PostgresBackend(OutboxBackend):
 
     def _fetch(self, sql: str, params: Any, *, scalars: bool = False) -> list[tuple[Any, ...]]:
         """Run one statement; only one with `scalars` alone may be prepared (see
-        `postgres_prepared`)."""
+        `prepared`)."""
         connection = connections[self.using]
         cursor = prepared_cursor(connection, scalars)
         if cursor is None:
@@ -114,7 +123,7 @@ class PostgresBackend(OutboxBackend):
 
     def _scan(self, sql: Statements, params: dict[str, Any], after: ShardKey | None) -> list[Any]:
         """Claim by a plain scan of twice as many rows as shards wanted: where shards hold
-        about one row each, cheaper than the skip scan (see `postgres_sql`)."""
+        about one row each, cheaper than the skip scan (see `statements`)."""
         params = {**params, "scan": 2 * params["limit"]}
         if after is None:
             return self._fetch(sql.claim_scan, params)
@@ -128,23 +137,33 @@ class PostgresBackend(OutboxBackend):
         return self._fetch(sql.claim_walk_around, {**params, **bounds})
 
     def read_window(
-        self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int
+        self,
+        model: type[OutboxBase],
+        shards: Sequence[ShardKey],
+        limit: int,
+        *,
+        timed: bool = False,
     ) -> Window:
         per_shard = _share(len(shards), limit)
-        # The newest rows' date_added only when a lifecycle receiver measures the lag:
-        # parsing a timestamp per message costs the drain about a tenth of its time.
+        # The newest rows' date_added only when the engine measures the lag: parsing a
+        # timestamp per message costs the drain about a tenth of its time.
         sql = statements(model)
-        timed = message_processed.has_listeners(model)
         statement = sql.read_window_timed if timed else sql.read_window
         rows = self._fetch(statement, [*key_arrays(shards), per_shard])
         return self._window(model, rows, shards, per_shard)
 
     def claim_and_read(
-        self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey], limit: int
+        self,
+        model: type[OutboxBase],
+        lease: Lease,
+        shards: Sequence[ShardKey],
+        limit: int,
+        *,
+        timed: bool = False,
     ) -> Window | None:
         """Claim the given shards and read the won ones in one statement (a synchronous
         flush's first round trip). Its read locks the rows it returns so it sees the
-        latest committed state of each (see `postgres_sql`), which holds only under READ
+        latest committed state of each (see `statements`), which holds only under READ
         COMMITTED: under any other isolation level this returns None."""
         connection = connections[self.using]
         connection.ensure_connection()
@@ -155,8 +174,7 @@ class PostgresBackend(OutboxBackend):
             return Window({}, set())
         per_shard = _share(len(shards), limit)
         sql = statements(model)
-        timed = message_processed.has_listeners(model)
-        one_key = len(shards) == 1  # the usual flush: its own statement (`postgres_prepared`)
+        one_key = len(shards) == 1  # the usual flush: its own statement (`prepared`)
         if one_key:
             params = claim_params(model, lease, ShardFilter(), 1)
             params.update(bound_params("key", shards[0]))
@@ -274,11 +292,3 @@ def _read_committed(connection: BaseDatabaseWrapper) -> bool:
             level = cursor.fetchone()[0]
         known = _read_committed_by[connection] = (weakref.ref(raw), level == "read committed")
     return bool(known[1])
-
-
-def _append_commit(
-    execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
-) -> Any:
-    if not many and sql.lstrip().upper().startswith("INSERT"):
-        sql = f"{sql}; COMMIT"
-    return execute(sql, params, many, context)

@@ -12,7 +12,7 @@
   rows that locks them until the commit; failures, back-offs and releases take one
   statement each.
 The walk is a plain read: it takes no locks under any isolation level. The statements
-live in `mariadb_sql`.
+live in `statements`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from outbox.backends.base import (
 )
 from outbox.backends.coalesce import coalesce
 from outbox.backends.convert import MessageReader
-from outbox.backends.mariadb_params import (
+from outbox.backends.mariadb.errors import is_lock_error
+from outbox.backends.mariadb.params import (
     attempt_documents,
     back_off_document,
     key_json,
@@ -43,10 +44,9 @@ from outbox.backends.mariadb_params import (
     micros,
     ours,
 )
-from outbox.backends.mariadb_sql import REGION_COLLATIONS, Regions, Statements, statements
+from outbox.backends.mariadb.statements import REGION_COLLATIONS, Regions, Statements, statements
 from outbox.models import OutboxBase, ShardLease
 from outbox.shards import ShardKey
-from outbox.signals import message_processed
 
 # Shards read apart (through their own index range) in one window at most; more wait
 # for the next window.
@@ -69,6 +69,10 @@ class MariaDBBackend(OutboxBackend):
             return False
         mariadb = getattr(connection, "mysql_is_mariadb", False)
         return bool(mariadb) and tuple(getattr(connection, "mysql_version", ())) >= (10, 6)
+
+    @classmethod
+    def lock_error(cls, error: BaseException) -> bool:
+        return is_lock_error(error)
 
     def __init__(self, using: str) -> None:
         super().__init__(using)
@@ -133,13 +137,17 @@ class MariaDBBackend(OutboxBackend):
     # -- read ---------------------------------------------------------------------------
 
     def read_window(
-        self, model: type[OutboxBase], shards: Sequence[ShardKey], limit: int
+        self,
+        model: type[OutboxBase],
+        shards: Sequence[ShardKey],
+        limit: int,
+        *,
+        timed: bool = False,
     ) -> Window:
         # Each shard gets its share of the window, as on PostgreSQL: at least 100 rows for
         # a batch of up to 100 shards, fewer (never under 2) for a wide batch.
         count = max(len(shards), 1)
         per_shard = max(limit // count, min(100, max(WINDOW_ROWS // count, 2)))
-        timed = message_processed.has_listeners(model)
         keys, cap = key_json(shards), count * per_shard
         rows = self._fetch(self._sql(model).read_small[timed], {"keys": keys, "cap": cap + 1})
         big: list[ShardKey] = []

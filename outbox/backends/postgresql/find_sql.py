@@ -5,7 +5,7 @@ one row each) or among given keys (`given_keys`)."""
 
 from __future__ import annotations
 
-from outbox.backends.postgres_fragments import Fragments
+from outbox.backends.postgresql.fragments import Fragments
 
 
 class FindSql(Fragments):

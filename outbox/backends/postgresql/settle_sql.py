@@ -4,7 +4,7 @@ the finished ones, all under the lock of our lease rows."""
 
 from __future__ import annotations
 
-from outbox.backends.postgres_fragments import Fragments
+from outbox.backends.postgresql.fragments import Fragments
 
 
 class SettleSql(Fragments):

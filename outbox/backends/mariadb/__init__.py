@@ -1,0 +1,14 @@
+"""The MariaDB backend (10.6 and later): a few statements per engine step.
+
+- `backend`: `MariaDBBackend`;
+- `statements`: every statement, named and rendered once per outbox table;
+- `params`: their parameters (shard keys and row ids as JSON) and the decoding of what
+  they read;
+- `errors`: which errors are transient lock errors.
+"""
+
+from __future__ import annotations
+
+from outbox.backends.mariadb.backend import MariaDBBackend
+
+__all__ = ["MariaDBBackend"]
