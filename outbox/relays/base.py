@@ -1,0 +1,242 @@
+"""What every relay shares: the message it forwards, how it is connected to categories,
+and how a failed publish becomes a retry, a delay or a dead letter.
+
+A relay is a receiver you declare instead of write. It is connected like one (to the
+process signals, for some categories or whole scopes), so it keeps everything a receiver
+has: one call at a time per shard, in order; other receivers of the category still run;
+a failure backs the shard off and dead-letters by the same retry policy; on a retry a
+relay that already published the message is not called again. A relay only says how to
+publish a batch of messages and which of them failed.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+
+from django.core.checks import CheckMessage, Error
+
+from outbox.categories import OutboxCategory, OutboxScope
+from outbox.exceptions import OutboxConfigurationError
+from outbox.relays.envelope import CloudEvents, Envelope, envelope_named
+from outbox.signals import process_control_outbox, process_region_outbox
+
+__all__ = ["Message", "Relay", "relays"]
+
+# Every relay declared in this process, by name: the system checks read it.
+relays: dict[str, Relay] = {}
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One delivered outbox message, as a relay forwards it."""
+
+    message_id: uuid.UUID
+    category: OutboxCategory
+    scope: OutboxScope
+    shard_identifier: int
+    object_identifier: int
+    payload: Any
+    attempt: int = 1
+    headers: Mapping[str, str] = field(default_factory=dict)
+    region_name: str | None = None
+    using: str = "default"
+
+    @classmethod
+    def from_receiver(cls, sender: OutboxCategory, kwargs: Mapping[str, Any]) -> Message:
+        """The message a process signal sends its receivers (`sender` and their kwargs)."""
+        return cls(
+            message_id=_as_uuid(kwargs["message_id"]),
+            category=sender,
+            scope=sender.scope,
+            shard_identifier=kwargs["shard_identifier"],
+            object_identifier=kwargs["object_identifier"],
+            payload=kwargs["payload"],
+            attempt=kwargs.get("attempt") or 1,
+            headers=dict(kwargs.get("headers") or {}),
+            region_name=kwargs.get("region_name"),
+            using=kwargs.get("using", "default"),
+        )
+
+    @property
+    def shard_key(self) -> str:
+        """The shard as one string, the same for every message of the shard:
+        ``SCOPE:identifier`` (``:region`` added for a control outbox). Brokers that
+        partition by key keep a shard in one partition, so in order."""
+        key = f"{self.scope.name}:{self.shard_identifier}"
+        return f"{key}:{self.region_name}" if self.region_name else key
+
+    @property
+    def time(self) -> datetime:
+        """When the message was written: read from its id (a version 7 UUID carries its
+        millisecond), or now for an id the database made (a random one)."""
+        if self.message_id.version == 7:
+            return datetime.fromtimestamp((self.message_id.int >> 80) / 1000, tz=timezone.utc)
+        return datetime.now(tz=timezone.utc)
+
+    def relay_headers(self) -> dict[str, str]:
+        """The headers every relay sends, whatever the envelope: the message id, its
+        category, shard and attempt, then the writer's headers (trace context among
+        them: ``traceparent``, ``tracestate``)."""
+        return {
+            "outbox-message-id": str(self.message_id),
+            "outbox-category": self.category.name,
+            "outbox-shard": self.shard_key,
+            "outbox-attempt": str(self.attempt),
+            **self.headers,
+        }
+
+
+def _as_uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+Failures = Mapping[uuid.UUID, BaseException]
+
+
+class Relay:
+    """Base class of the relays: forward each message of the categories it is connected
+    to. A subclass implements `publish`; `check` may add its own configuration errors.
+
+    `name` names the relay in the admin and the logs (each relay's calls are recorded
+    on a message under it, so a retry does not publish again what it already did): it
+    must be unique in the project and stay the same across deploys.
+    """
+
+    # The pip extra that installs this relay's client library, for error messages.
+    extra: ClassVar[str] = ""
+
+    def __init__(self, name: str, *, envelope: Envelope | str = "cloudevents") -> None:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise OutboxConfigurationError(
+                f"A relay's name must be 1 to 100 letters, digits, '.', '_' or '-', "
+                f"starting with a letter or digit; got {name!r}."
+            )
+        self.name = name
+        self.envelope = envelope_named(envelope) if isinstance(envelope, str) else envelope
+        # The receiver's id the engine records deliveries under (`module.qualname`).
+        self.__qualname__ = f"{type(self).__qualname__}[{name}]"
+        self.__module__ = type(self).__module__
+        self._connected: list[tuple[Any, OutboxCategory]] = []
+
+    # -- declaring --------------------------------------------------------------------
+
+    def connect(
+        self,
+        *targets: OutboxCategory | OutboxScope,
+        signals: Iterable[Any] = (process_region_outbox, process_control_outbox),
+    ) -> Relay:
+        """Forward the messages of these categories (a scope stands for all of its
+        categories), from the region and control outboxes unless `signals` says which.
+        Returns the relay, so it can be declared in one expression."""
+        if not targets:
+            raise OutboxConfigurationError(
+                f"Relay {self.name!r}: connect() needs at least one category or scope."
+            )
+        known = relays.get(self.name)
+        if known is not None and known is not self:
+            raise OutboxConfigurationError(
+                f"Two relays are named {self.name!r} ({known!r} and {self!r}); each "
+                f"relay's name must be unique, since deliveries are recorded under it."
+            )
+        relays[self.name] = self
+        for category in _categories(targets, self.name):
+            for signal in signals:
+                # weak=False: the relay lives as long as its connection, referenced or not
+                signal.connect(self, sender=category, weak=False, dispatch_uid=(self.name, category))
+                self._connected.append((signal, category))
+        return self
+
+    def disconnect(self) -> None:
+        """Stop forwarding (tests, or a relay replaced at runtime)."""
+        for signal, category in self._connected:
+            signal.disconnect(self, sender=category, dispatch_uid=(self.name, category))
+        self._connected.clear()
+        if relays.get(self.name) is self:
+            del relays[self.name]
+        self.close()
+
+    @property
+    def categories(self) -> frozenset[OutboxCategory]:
+        return frozenset(category for _, category in self._connected)
+
+    # -- delivering -------------------------------------------------------------------
+
+    def __call__(self, signal: Any = None, sender: Any = None, **kwargs: Any) -> None:
+        """The receiver the process signals call: publish the one message, raise what
+        its publish failed with (the engine then retries, delays or dead-letters it)."""
+        message = Message.from_receiver(sender, kwargs)
+        failure = self.publish([message]).get(message.message_id)
+        if failure is not None:
+            raise failure
+
+    def publish(self, messages: Sequence[Message]) -> Failures:
+        """Publish `messages` (in shard order: a shard's messages in the order given)
+        and wait until the other side has them (a publisher confirm, a flush, a 2xx).
+        Return what failed, by message id; a message not in the result was delivered.
+        After a shard's first failure, publish none of that shard's later messages:
+        report them failed too, so the shard keeps its order when it is retried.
+
+        Raise `outbox.RetryLater` (as a failure) to ask for a delay, and
+        `outbox.PermanentFailure` for a message that can never be published.
+        """
+        raise NotImplementedError
+
+    def check(self) -> list[CheckMessage]:
+        """Configuration errors of this relay, for the system checks (outbox.E023)."""
+        return []
+
+    def close(self) -> None:
+        """Release connections (called on disconnect)."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    def error(self, text: str) -> Error:
+        """A system-check error about this relay."""
+        return Error(f"Relay {self.name!r}: {text}", obj=self, id="outbox.E023")
+
+
+def _categories(targets: Iterable[Any], name: str) -> list[OutboxCategory]:
+    found: list[OutboxCategory] = []
+    for target in targets:
+        if isinstance(target, OutboxScope):
+            found.extend(sorted(target.categories))
+        elif isinstance(target, OutboxCategory):
+            found.append(target)
+        else:
+            raise OutboxConfigurationError(
+                f"Relay {name!r}: connect() takes categories and scopes (OutboxCategory "
+                f"or OutboxScope members), not {target!r} ({type(target).__name__})."
+            )
+    return list(dict.fromkeys(found))
+
+
+def skip_after_failure(
+    messages: Sequence[Message], send: Callable[[Message], None]
+) -> dict[uuid.UUID, BaseException]:
+    """Call `send` for each message, in order; after a shard's first failure, send none
+    of its later messages and report them failed with that error. The loop relays use
+    when they publish one message at a time."""
+    failed: dict[uuid.UUID, BaseException] = {}
+    broken: dict[str, BaseException] = {}
+    for message in messages:
+        earlier = broken.get(message.shard_key)
+        if earlier is not None:
+            failed[message.message_id] = earlier
+            continue
+        try:
+            send(message)
+        except Exception as error:  # noqa: BLE001 - reported per message, raised by the caller
+            failed[message.message_id] = error
+            broken[message.shard_key] = error
+    return failed
+
+
+__all__ += ["CloudEvents", "Envelope", "Failures", "skip_after_failure"]
