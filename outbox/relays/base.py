@@ -149,7 +149,9 @@ class Relay:
         for category in _categories(targets, self.name):
             for signal in signals:
                 # weak=False: the relay lives as long as its connection, referenced or not
-                signal.connect(self, sender=category, weak=False, dispatch_uid=(self.name, category))
+                signal.connect(
+                    self, sender=category, weak=False, dispatch_uid=(self.name, category)
+                )
                 self._connected.append((signal, category))
         return self
 
@@ -233,7 +235,7 @@ def skip_after_failure(
             continue
         try:
             send(message)
-        except Exception as error:  # noqa: BLE001 - reported per message, raised by the caller
+        except Exception as error:
             failed[message.message_id] = error
             broken[message.shard_key] = error
     return failed

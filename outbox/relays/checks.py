@@ -15,7 +15,9 @@ from outbox.relays.base import relays
 
 
 @register()
-def check_relays(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+def check_relays(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
     found: list[CheckMessage] = []
     for relay in list(relays.values()):
         found.extend(relay.check())

@@ -45,7 +45,9 @@ class CloudEvents(Envelope):
     """A CloudEvents 1.0 event: structured (one JSON document, content type
     ``application/cloudevents+json``) unless `binary`."""
 
-    def __init__(self, *, binary: bool = False, source: str | None = None, type_prefix: str = "") -> None:
+    def __init__(
+        self, *, binary: bool = False, source: str | None = None, type_prefix: str = ""
+    ) -> None:
         self.binary = binary
         self.source = source
         self.type_prefix = type_prefix
