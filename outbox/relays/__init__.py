@@ -18,7 +18,7 @@ import importlib
 from typing import Any
 
 from outbox.relays import checks as _checks  # noqa: F401  (registers outbox.E023)
-from outbox.relays.base import Message, Relay, relays, skip_after_failure
+from outbox.relays.base import Message, Relay, batch_receiver, relays, skip_after_failure
 from outbox.relays.envelope import Bare, CloudEvents, Envelope
 
 # The relays, by class name: the module each lives in.
@@ -36,6 +36,7 @@ __all__ = [
     "Envelope",
     "Message",
     "Relay",
+    "batch_receiver",
     "relays",
     "skip_after_failure",
     *_RELAYS,

@@ -14,15 +14,15 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 from django.core.checks import CheckMessage, Error
 
 from outbox.categories import OutboxCategory, OutboxScope
 from outbox.exceptions import OutboxConfigurationError
+from outbox.relays.batching import Batcher
 from outbox.relays.envelope import CloudEvents, Envelope, envelope_named
+from outbox.relays.message import Message
 from outbox.signals import process_control_outbox, process_region_outbox
 
 __all__ = ["Message", "Relay", "relays"]
@@ -31,70 +31,6 @@ __all__ = ["Message", "Relay", "relays"]
 relays: dict[str, Relay] = {}
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-
-
-@dataclass(frozen=True)
-class Message:
-    """One delivered outbox message, as a relay forwards it."""
-
-    message_id: uuid.UUID
-    category: OutboxCategory
-    scope: OutboxScope
-    shard_identifier: int
-    object_identifier: int
-    payload: Any
-    attempt: int = 1
-    headers: Mapping[str, str] = field(default_factory=dict)
-    region_name: str | None = None
-    using: str = "default"
-
-    @classmethod
-    def from_receiver(cls, sender: OutboxCategory, kwargs: Mapping[str, Any]) -> Message:
-        """The message a process signal sends its receivers (`sender` and their kwargs)."""
-        return cls(
-            message_id=_as_uuid(kwargs["message_id"]),
-            category=sender,
-            scope=sender.scope,
-            shard_identifier=kwargs["shard_identifier"],
-            object_identifier=kwargs["object_identifier"],
-            payload=kwargs["payload"],
-            attempt=kwargs.get("attempt") or 1,
-            headers=dict(kwargs.get("headers") or {}),
-            region_name=kwargs.get("region_name"),
-            using=kwargs.get("using", "default"),
-        )
-
-    @property
-    def shard_key(self) -> str:
-        """The shard as one string, the same for every message of the shard:
-        ``SCOPE:identifier`` (``:region`` added for a control outbox). Brokers that
-        partition by key keep a shard in one partition, so in order."""
-        key = f"{self.scope.name}:{self.shard_identifier}"
-        return f"{key}:{self.region_name}" if self.region_name else key
-
-    @property
-    def time(self) -> datetime:
-        """When the message was written: read from its id (a version 7 UUID carries its
-        millisecond), or now for an id the database made (a random one)."""
-        if self.message_id.version == 7:
-            return datetime.fromtimestamp((self.message_id.int >> 80) / 1000, tz=timezone.utc)
-        return datetime.now(tz=timezone.utc)
-
-    def relay_headers(self) -> dict[str, str]:
-        """The headers every relay sends, whatever the envelope: the message id, its
-        category, shard and attempt, then the writer's headers (trace context among
-        them: ``traceparent``, ``tracestate``)."""
-        return {
-            "outbox-message-id": str(self.message_id),
-            "outbox-category": self.category.name,
-            "outbox-shard": self.shard_key,
-            "outbox-attempt": str(self.attempt),
-            **self.headers,
-        }
-
-
-def _as_uuid(value: Any) -> uuid.UUID:
-    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
 Failures = Mapping[uuid.UUID, BaseException]
@@ -112,7 +48,9 @@ class Relay:
     # The pip extra that installs this relay's client library, for error messages.
     extra: ClassVar[str] = ""
 
-    def __init__(self, name: str, *, envelope: Envelope | str = "cloudevents") -> None:
+    def __init__(
+        self, name: str, *, envelope: Envelope | str = "cloudevents", max_batch: int = 1000
+    ) -> None:
         if not isinstance(name, str) or not _NAME.match(name):
             raise OutboxConfigurationError(
                 f"A relay's name must be 1 to 100 letters, digits, '.', '_' or '-', "
@@ -124,6 +62,8 @@ class Relay:
         self.__qualname__ = f"{type(self).__qualname__}[{name}]"
         self.__module__ = type(self).__module__
         self._connected: list[tuple[Any, OutboxCategory]] = []
+        # Calls made at once by the drain's slot threads go out as one publish.
+        self._batcher = Batcher(self.publish, max_batch)
 
     # -- declaring --------------------------------------------------------------------
 
@@ -171,10 +111,10 @@ class Relay:
     # -- delivering -------------------------------------------------------------------
 
     def __call__(self, signal: Any = None, sender: Any = None, **kwargs: Any) -> None:
-        """The receiver the process signals call: publish the one message, raise what
-        its publish failed with (the engine then retries, delays or dead-letters it)."""
-        message = Message.from_receiver(sender, kwargs)
-        failure = self.publish([message]).get(message.message_id)
+        """The receiver the process signals call: publish the message (with those of
+        other shards' calls made meanwhile, `outbox.relays.batching`), raise what its
+        publish failed with (the engine then retries, delays or dead-letters it)."""
+        failure = self._batcher.send(Message.from_receiver(sender, kwargs))
         if failure is not None:
             raise failure
 
@@ -241,4 +181,45 @@ def skip_after_failure(
     return failed
 
 
-__all__ += ["CloudEvents", "Envelope", "Failures", "skip_after_failure"]
+class FunctionRelay(Relay):
+    """A relay whose `publish` is a function of the project's (`batch_receiver`)."""
+
+    def __init__(self, name: str, function: Callable[[Sequence[Message]], Failures | None]) -> None:
+        super().__init__(name)
+        self.function = function
+
+    def publish(self, messages: Sequence[Message]) -> Failures:
+        return self.function(messages) or {}
+
+
+def batch_receiver(
+    *targets: OutboxCategory | OutboxScope,
+    name: str | None = None,
+    signals: Iterable[Any] = (process_region_outbox, process_control_outbox),
+) -> Callable[[Callable[[Sequence[Message]], Failures | None]], FunctionRelay]:
+    """Connect a function that takes many messages at once, as a relay does::
+
+        @batch_receiver(Category.ORGANIZATION_UPDATE)
+        def index(messages: Sequence[Message]) -> dict[UUID, Exception] | None:
+            ...  # one bulk request; return the failures by message id (None: all done)
+
+    It gets the messages that the drain's slot threads deliver at the same time, at
+    most one per shard, and the `Relay.publish` rules apply. `name` (default: the
+    function's module and name) records its deliveries; keep it stable.
+    """
+
+    def connect(function: Callable[[Sequence[Message]], Failures | None]) -> FunctionRelay:
+        label = name or f"{function.__module__}.{function.__qualname__}"
+        return FunctionRelay(label, function).connect(*targets, signals=signals)  # type: ignore[return-value]
+
+    return connect
+
+
+__all__ += [
+    "CloudEvents",
+    "Envelope",
+    "Failures",
+    "FunctionRelay",
+    "batch_receiver",
+    "skip_after_failure",
+]

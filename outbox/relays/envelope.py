@@ -19,7 +19,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from outbox.exceptions import OutboxConfigurationError
 
 if TYPE_CHECKING:
-    from outbox.relays.base import Message
+    from outbox.relays.message import Message
 
 __all__ = ["Bare", "CloudEvents", "Envelope", "envelope_named"]
 
