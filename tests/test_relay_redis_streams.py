@@ -188,7 +188,7 @@ def test_approximate_maxlen_trims_whole_nodes_and_keeps_at_least_maxlen(make_rel
     assert 10 <= client.xlen(f"{prefix}.audit_event") < 400
 
 
-def messages(shards, per_shard):
+def messages(shards, per_shard, first_shard=1):
     return [
         Message(
             message_id=uuid.uuid4(),
@@ -199,7 +199,7 @@ def messages(shards, per_shard):
             payload={"shard": shard, "n": n},
         )
         for n in range(per_shard)
-        for shard in range(1, shards + 1)
+        for shard in range(first_shard, first_shard + shards)
     ]
 
 
@@ -239,6 +239,25 @@ def test_a_key_that_is_no_stream_holds_only_its_shard(make_relay, client, prefix
     assert RegionOutbox.objects.filter(shard_identifier=2).count() == 2
     for shard in (1, 3):
         assert len(entries(client, f"{prefix}.{shard}")) == 2
+
+
+def test_threads_publishing_at_once_each_keep_their_shard_in_order(make_relay, client, prefix):
+    relay = make_relay()
+    errors = []
+
+    def publish_shard(shard):
+        for message in messages(shards=1, per_shard=15, first_shard=shard):
+            errors.extend(relay.publish([message]).values())
+
+    threads = [threading.Thread(target=publish_shard, args=(shard,)) for shard in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    found = entries(client, f"{prefix}.audit_event")
+    assert len(found) == 8 * 15
+    assert sequences(found) == {f"ORGANIZATION:{shard}": list(range(15)) for shard in range(8)}
 
 
 @pytest.mark.parametrize("concurrency", [1, 4])
