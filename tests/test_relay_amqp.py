@@ -260,6 +260,18 @@ def test_with_mandatory_a_message_no_queue_takes_is_a_failure_not_a_loss(make_re
     assert "NO_ROUTE" in RegionOutbox.objects.get().last_error
 
 
+def test_a_routing_key_amqp_cannot_carry_is_a_dead_letter_at_once(make_relay, broker):
+    queue = broker.queue()
+    make_relay(routing_key=lambda m: "k" * 256 if m.shard_identifier == 2 else "events")
+    write(shards=2, per_shard=1)
+    stats = drain_outboxes([RegionOutbox])
+    assert stats.dead_lettered == 1
+    dead = RegionOutbox.objects.get()
+    assert dead.shard_identifier == 2 and dead.dead_at is not None
+    assert "longer than AMQP's 255 bytes" in dead.last_error
+    assert [payload(m)["shard"] for m in broker.consume(queue, 1)] == [1]
+
+
 def test_a_batch_stops_a_shard_at_its_first_return_and_publishes_the_others(make_relay, broker):
     """Shard 2's second message is routed nowhere and returned (mandatory): its later
     messages are not published and fail with the same error."""
@@ -317,9 +329,7 @@ def test_threads_publishing_at_once_each_keep_their_shard_in_order(make_relay, b
     assert errors == []
     consumed = broker.consume(queue, 8 * 15)
     assert len(consumed) == 8 * 15  # none published twice: no confirm went astray
-    assert sequences(consumed) == {
-        f"ORGANIZATION:{shard}": list(range(15)) for shard in range(8)
-    }
+    assert sequences(consumed) == {f"ORGANIZATION:{shard}": list(range(15)) for shard in range(8)}
 
 
 @pytest.mark.parametrize("concurrency", [1, 4])

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from django.core.checks import CheckMessage
 
-from outbox.exceptions import OutboxConfigurationError
+from outbox.exceptions import OutboxConfigurationError, PermanentFailure
 from outbox.relays.base import Failures, Message, Relay
 from outbox.relays.destination import Destination
 from outbox.relays.envelope import Envelope
@@ -145,7 +145,7 @@ class AmqpRelay(Relay):
         try:
             failed = channel.publish(outgoing, self.confirm_timeout)
         except BaseException:
-            channel.close()
+            channel.drop()
             raise
         with self._lock:
             self._idle.append(channel)
@@ -155,9 +155,14 @@ class AmqpRelay(Relay):
         headers = message.relay_headers()
         for attribute, value in self.envelope.attributes(message).items():
             headers[f"cloudEvents:{attribute}"] = value
+        routing_key = self.routing_key(message)
+        if len(routing_key.encode()) > 255:
+            raise PermanentFailure(
+                f"routing key {routing_key[:40]!r}... is longer than AMQP's 255 bytes"
+            )
         return _Outgoing(
             message_id=message.message_id,
-            routing_key=self.routing_key(message),
+            routing_key=routing_key,
             body=self.envelope.body(message),
             headers=headers,
         )
@@ -188,7 +193,7 @@ class _Channel:
                 exchange(channel).declare()
             self.producer = kombu.Producer(channel, exchange=exchange, auto_declare=False)
         except BaseException:
-            self.close()
+            self.drop()
             raise
         self.published = 0  # the delivery tag of the last message published
         self.waiting: dict[int, uuid.UUID] = {}
@@ -241,8 +246,15 @@ class _Channel:
         )
 
     def close(self) -> None:
+        """Close the connection the polite way (the broker's close handshake)."""
         with contextlib.suppress(Exception):  # already broken: nothing more to release
             self.connection.release()
+
+    def drop(self) -> None:
+        """Close the socket without the handshake, which a broken or silent broker
+        would never answer."""
+        with contextlib.suppress(Exception):
+            self.connection.collect()
 
 
 def _kombu() -> Any:
