@@ -22,7 +22,7 @@ from outbox.exceptions import OutboxConfigurationError
 from outbox.models import RegionOutbox, ShardLease
 from outbox.relays import Message, RedisStreamRelay
 from tests.conftest import committing
-from tests.factories import RegionOutboxFactory
+from tests.factories import ControlOutboxFactory, RegionOutboxFactory
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.categories import Category, Scope
 
@@ -172,6 +172,17 @@ def test_a_flush_appends_right_after_commit_to_the_templated_stream(make_relay, 
         (entry,) = entries(client, f"{prefix}.organization.audit_event.{row.shard_identifier}")
         assert entry["outbox-message-id"] == str(row.message_id)
         assert json.loads(entry["body"]) == row.payload
+
+
+def test_a_control_message_names_its_region_in_the_shard_and_the_stream(make_relay, client, prefix):
+    make_relay(stream=f"{prefix}.{{region_name}}.{{category}}").connect(Category.USER_UPDATE)
+    with outbox_context(transaction.atomic()):
+        row = ControlOutboxFactory(region_name="eu", shard_identifier=7)
+    (entry,) = entries(client, f"{prefix}.eu.user_update")
+    assert entry["outbox-shard"] == "USER:7:eu"
+    assert entry["outbox-category"] == "USER_UPDATE"
+    assert json.loads(entry["body"])["source"] == "/outbox/user"
+    assert entry["outbox-message-id"] == str(row.message_id)
 
 
 def test_maxlen_caps_the_stream_to_its_newest_entries(make_relay, client, prefix):

@@ -13,8 +13,10 @@ a binary CloudEvents envelope, its attributes as ``cloudEvents:id``, ``cloudEven
 
 A message counts as published once the broker confirms it (``basic.ack``); a nack, a
 message the broker returns (`mandatory`), a closed channel or a lost connection is a
-failure the engine retries. Each thread publishes on its own connection, taken from the
-relay's idle ones or opened; a failed one is closed, and the next call opens another.
+failure the engine retries. A batch goes out in waves (`outbox.relays.waves`): each
+wave published whole, then its confirms awaited once. Each thread publishes on its own
+connection, taken from the relay's idle ones or opened; a failed one is dropped, and
+the next call opens another.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class AmqpRelay(Relay):
         confirm_timeout: float = 10.0,
         connection_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.kombu = _kombu()
+        self._kombu = _kombu()
         super().__init__(name, envelope=envelope)
         self.url = url
         self.exchange = exchange
@@ -175,7 +177,7 @@ class _Channel:
 
     def __init__(self, relay: AmqpRelay) -> None:
         self.relay = relay
-        kombu = relay.kombu
+        kombu = relay._kombu
         self.connection = kombu.Connection(
             relay.url, connect_timeout=relay.connect_timeout, **relay.connection_options
         )

@@ -58,7 +58,7 @@ class RedisStreamRelay(Relay):
         socket_timeout: float = 10.0,
         connect_timeout: float = 5.0,
     ) -> None:
-        self.redis = _redis()
+        self._redis = _redis()
         super().__init__(name, envelope=envelope)
         if maxlen is not None and (
             isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen < 1
@@ -82,7 +82,7 @@ class RedisStreamRelay(Relay):
     def check(self) -> list[CheckMessage]:
         found: list[CheckMessage] = [self.error(problem) for problem in self.stream.problems()]
         try:
-            self.redis.connection.parse_url(self.url)
+            self._redis.connection.parse_url(self.url)
         except (ValueError, TypeError) as error:
             found.append(self.error(f"url {self.url!r} is not a Redis URL: {error}"))
         return found
@@ -127,7 +127,7 @@ class RedisStreamRelay(Relay):
             if self._client is None:
                 retry = importlib.import_module("redis.retry")
                 backoff = importlib.import_module("redis.backoff")
-                self._client = self.redis.Redis.from_url(
+                self._client = self._redis.Redis.from_url(
                     self.url,
                     socket_timeout=self.socket_timeout,
                     socket_connect_timeout=self.connect_timeout,
