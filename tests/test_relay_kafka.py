@@ -157,6 +157,24 @@ def test_a_shard_stays_in_one_partition_in_order(make_relay, cluster, prefix):
     assert len({record.partition() for record in records}) > 1
 
 
+def test_slot_threads_share_the_relay_each_shard_in_order(
+    make_relay, cluster, prefix, calls, settings
+):
+    settings.OUTBOX_CONCURRENCY = 4
+    calls.during_call = lambda sender, kwargs: time.sleep(0.01)  # the shards' calls overlap
+    make_relay(Category.AUDIT_EVENT)
+    rows = write(shards=12, per_shard=4)
+    drain_outboxes()
+    assert not RegionOutbox.objects.exists()
+    by_key = defaultdict(list)
+    for record in cluster.records(f"{prefix}.audit_event", count=48):
+        by_key[record.key().decode()].append(headers_of(record)["outbox-message-id"])
+    assert by_key == {
+        f"ORGANIZATION:{shard}": [str(r.message_id) for r in rows if r.shard_identifier == shard]
+        for shard in range(12)
+    }
+
+
 def test_structured_cloudevents_and_the_relay_headers(make_relay, cluster, prefix):
     make_relay(Category.AUDIT_EVENT)
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

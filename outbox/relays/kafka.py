@@ -54,7 +54,7 @@ _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 # How long one wait on the producer lasts before the batch's own reports are looked at
 # again (reports may be served by another thread's flush).
-_WAIT_SLICE = 0.1
+_WAIT_SLICE = 0.01
 
 # Producers of a parent process, kept unreleased in a forked child: releasing them there
 # would wait for threads the child does not have.
