@@ -225,12 +225,14 @@ def test_a_batch_stops_a_refused_shard_only(app, queue, relayed, relays):
 
 def test_checks():
     assert CeleryTaskRelay("ok", task="billing.sync").check() == []
-    errors = CeleryTaskRelay("bad", task="", queue="").check()
-    assert [error.id for error in errors] == ["outbox.E023", "outbox.E023"]
+    errors = CeleryTaskRelay("bad", task="", queue="", options={"task_id": "x"}).check()
+    assert [error.id for error in errors] == ["outbox.E023"] * 3
     assert [error.msg for error in errors] == [
         "Relay 'bad': task must be a task's name (a non-empty str), not ''",
         "Relay 'bad': queue must be a queue's name or None, not ''",
+        "Relay 'bad': options may not set ['task_id']: the relay sets them per message",
     ]
+    assert CeleryTaskRelay("fine", task="t", options={"priority": 3}).check() == []
 
 
 def test_without_celery_the_relay_names_the_extra(monkeypatch):

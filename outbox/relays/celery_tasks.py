@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CeleryTaskRelay", "task_kwargs"]
 
+# The send_task arguments the relay sets for each message.
+_SET_BY_THE_RELAY = ("kwargs", "task_id", "headers", "producer", "add_to_parent")
+
 
 class CeleryTaskRelay(Relay):
     """Send the task named `task` for each message.
@@ -79,6 +82,9 @@ class CeleryTaskRelay(Relay):
             errors.append(f"task must be a task's name (a non-empty str), not {self.task!r}")
         if self.queue is not None and not (isinstance(self.queue, str) and self.queue):
             errors.append(f"queue must be a queue's name or None, not {self.queue!r}")
+        taken = sorted(set(self.options) & set(_SET_BY_THE_RELAY))
+        if taken:
+            errors.append(f"options may not set {taken}: the relay sets them per message")
         return [self.error(text) for text in errors]
 
 

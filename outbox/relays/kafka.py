@@ -201,8 +201,9 @@ class KafkaRelay(Relay):
         """librdkafka's verdict on the configuration: a producer made and let go."""
         try:
             self._kafka.Producer(self.config)
-        except self._kafka.KafkaException as error:
-            return [f"Kafka refuses its config: {error.args[0].str()}"]
+        except (self._kafka.KafkaException, TypeError, ValueError) as error:
+            reason = error.args[0] if error.args else error
+            return [f"Kafka refuses its config: {getattr(reason, 'str', reason.__str__)()}"]
         return []
 
     def close(self) -> None:
