@@ -85,8 +85,9 @@ class Relay:
                 f"Two relays are named {self.name!r} ({known!r} and {self!r}); each "
                 f"relay's name must be unique, since deliveries are recorded under it."
             )
+        categories = _categories(targets, self.name)  # refused before the name is taken
         relays[self.name] = self
-        for category in _categories(targets, self.name):
+        for category in categories:
             for signal in signals:
                 # weak=False: the relay lives as long as its connection, referenced or not
                 signal.connect(
