@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from django.core.checks import CheckMessage, Error
 
 from outbox.categories import OutboxCategory, OutboxScope
-from outbox.exceptions import OutboxConfigurationError
+from outbox.exceptions import OutboxConfigurationError, PermanentFailure
 from outbox.relays.batching import Batcher
 from outbox.relays.envelope import CloudEvents, Envelope, envelope_named
 from outbox.relays.message import Message
@@ -161,6 +161,18 @@ def _categories(targets: Iterable[Any], name: str) -> list[OutboxCategory]:
     return list(dict.fromkeys(found))
 
 
+def held_back(earlier: BaseException, message: Message) -> BaseException:
+    """The failure reported for a message not published because an earlier message of
+    its shard failed: the same error, except that one message's permanent failure is
+    not its followers' (they are retried, not dead-lettered)."""
+    if isinstance(earlier, PermanentFailure):
+        return RuntimeError(
+            f"not published: an earlier message of shard {message.shard_key} failed "
+            f"permanently ({earlier})"
+        )
+    return earlier
+
+
 def skip_after_failure(
     messages: Sequence[Message], send: Callable[[Message], None]
 ) -> dict[uuid.UUID, BaseException]:
@@ -172,7 +184,7 @@ def skip_after_failure(
     for message in messages:
         earlier = broken.get(message.shard_key)
         if earlier is not None:
-            failed[message.message_id] = earlier
+            failed[message.message_id] = held_back(earlier, message)
             continue
         try:
             send(message)
@@ -222,5 +234,6 @@ __all__ += [
     "Failures",
     "FunctionRelay",
     "batch_receiver",
+    "held_back",
     "skip_after_failure",
 ]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from outbox.exceptions import PermanentFailure
-from outbox.relays.base import Message
+from outbox.relays.base import Message, held_back
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError
@@ -95,23 +95,12 @@ def failures_by_shard(
     for message in messages:
         earlier = first_failure.get(message.shard_key)
         if earlier is not None:
-            failed[message.message_id] = _held_back(earlier, message)
+            failed[message.message_id] = held_back(earlier, message)
             continue
         error = refused.get(message.message_id) or reports.outcome(message.message_id, timeout)
         if error is not None:
             failed[message.message_id] = first_failure[message.shard_key] = error
     return failed
-
-
-def _held_back(earlier: BaseException, message: Message) -> BaseException:
-    """The failure of a message held back by an earlier one of its shard: the same
-    error, except that one message's permanent failure is not its followers'."""
-    if isinstance(earlier, PermanentFailure):
-        return RuntimeError(
-            f"not published: an earlier message of shard {message.shard_key} failed "
-            f"permanently ({earlier})"
-        )
-    return earlier
 
 
 def as_failure(error: Any) -> BaseException:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
-from outbox.relays.base import Message
+from outbox.relays.base import Message, held_back
 
 __all__ = ["in_waves", "publish_in_waves"]
 
@@ -48,7 +48,7 @@ def publish_in_waves(messages: Sequence[Message], send: SendWave) -> dict[uuid.U
         for message in wave:
             earlier = lost or broken.get(message.shard_key)
             if earlier is not None:
-                failed[message.message_id] = earlier
+                failed[message.message_id] = held_back(earlier, message)
             else:
                 ready.append(message)
         if not ready:
