@@ -74,6 +74,7 @@ class WebhookServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive: the relay's pool reuses connections
+            disable_nagle_algorithm = True  # the body is not held back behind the headers
 
             def do_POST(self):
                 started = time.monotonic()
@@ -179,14 +180,15 @@ def make_due():
 
 @committing
 def test_messages_arrive_signed_as_cloudevents_in_order_per_shard(server, make_relay):
-    relay = make_relay()
+    secret = new_secret()
+    make_relay(secret=secret)
     rows = write(shards=4, per_shard=3)
     stats = drain_outboxes(concurrency=4)  # slot threads share the relay's client
     assert stats.failures == 0 and not RegionOutbox.objects.exists()
     assert len(server.received) == 12 and {r.path for r in server.received} == {"/hooks/outbox"}
     for received in server.received:
         # The consumer's Standard Webhooks library accepts the signature.
-        Webhook(relay_secret(relay)).verify(received.body, received.headers)
+        Webhook(secret).verify(received.body, received.headers)
         row = rows[received.headers["webhook-id"]]
         event = received.event()
         assert received.headers["content-type"] == "application/cloudevents+json"
@@ -206,19 +208,18 @@ def test_messages_arrive_signed_as_cloudevents_in_order_per_shard(server, make_r
         assert [json.loads(r.body)["data"]["n"] for r in shard] == [0, 1, 2]
 
 
-def relay_secret(relay):
-    return "whsec_" + base64.b64encode(relay._keys[0]).decode()
-
-
 @committing
 def test_binary_mode_sends_the_attributes_as_ce_headers(server, make_relay):
-    relay = make_relay(envelope="cloudevents-binary", headers={"Authorization": "Bearer t0k"})
+    secret = new_secret()
+    make_relay(
+        secret=secret, envelope="cloudevents-binary", headers={"Authorization": "Bearer t0k"}
+    )
     trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     rows = write(shards=1, per_shard=1, headers={"traceparent": trace, "x-tenant": "Zürich"})
     drain_outboxes()
     (received,) = server.received
     (row,) = rows.values()
-    Webhook(relay_secret(relay)).verify(received.body, received.headers)
+    Webhook(secret).verify(received.body, received.headers)
     assert received.headers["content-type"] == "application/json"
     assert json.loads(received.body) == row.payload  # the payload alone
     assert received.headers["ce-id"] == str(row.message_id)
@@ -370,6 +371,45 @@ def test_a_batch_keeps_to_its_concurrency(server, make_relay):
     server.answer = lambda r: (200, {}, b"", 0.05)
     assert relay.publish(messages(shards=9, per_shard=1)) == {}
     assert server.most_in_flight == 3
+
+
+def at_once(threads, call):
+    """Run `call` on that many threads, started together; their results."""
+    barrier = threading.Barrier(threads)
+    results = []
+
+    def run():
+        barrier.wait()
+        results.append(call())
+
+    started = [threading.Thread(target=run) for _ in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join()
+    return results
+
+
+def test_callers_beyond_the_relays_concurrency_never_wait_for_a_connection(server, make_relay):
+    # The engine may run more slot threads (`drain_outboxes --concurrency`) than the
+    # relay's concurrency (OUTBOX_CONCURRENCY, 1 in the test settings).
+    relay = make_relay(connect=False)
+    server.answer = lambda r: (200, {}, b"", 0.2)
+    assert at_once(8, lambda: relay.publish(messages(1, 1))) == [{}] * 8
+    assert server.most_in_flight == 8
+
+
+def test_threads_sharing_a_relay_lose_no_request(server, make_relay):
+    # A pool that makes requests wait for a connection may close one it has just handed
+    # to a waiting request (encode/httpcore#1110): that request fails.
+    relay = make_relay(connect=False, timeout=2)
+
+    def calls():
+        return [relay.publish(messages(1, 1)) for _ in range(100)]
+
+    results = at_once(16, calls)
+    assert [failures for result in results for failures in result if failures] == []
+    assert len(server.received) == 1600
 
 
 def test_a_failure_in_a_batch_stops_that_shard_only(server, make_relay):

@@ -63,8 +63,8 @@ class WebhookRelay(Relay):
     `Envelope`. `headers`: sent with every request (an ``Authorization``, say); the
     content type, the signature and the relay's own headers take precedence.
     `concurrency`: how many of a batch's shards are POSTed at once (None:
-    ``OUTBOX_CONCURRENCY``); the connection pool holds as many connections as this or
-    the engine's concurrency, whichever is larger.
+    ``OUTBOX_CONCURRENCY``). The relay keeps one pool of connections, shared by every
+    thread that calls it: a connection per request in flight, kept for the next.
     """
 
     extra = "webhooks"
@@ -201,10 +201,16 @@ class WebhookRelay(Relay):
             return client
         with self._lock:
             if self._http is None or self._http_pid != os.getpid():
-                size = max(self.concurrency, outbox_settings.CONCURRENCY)
+                # A connection per request in flight, all kept between requests: the
+                # pool grows to the relay's callers at once (the engine's slot threads,
+                # however many `--concurrency` starts, and a batch's workers). So no
+                # request waits for a connection and no idle one is closed as surplus:
+                # httpcore 1.0.9 may close a connection it has just handed to a waiting
+                # request (encode/httpcore#1110), failing it at its read timeout.
+                unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=None)
                 self._http = httpx.Client(
                     timeout=httpx.Timeout(self.timeout),
-                    limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                    limits=unbounded,
                     headers={"user-agent": USER_AGENT},
                 )
                 self._http_pid = os.getpid()
