@@ -261,16 +261,13 @@ def test_429_with_retry_after_reschedules_the_row_by_that_delay(server, make_rel
 @committing
 def test_410_dead_letters_the_message_and_its_shard_goes_on(server, make_relay):
     make_relay()
-    server.answer = lambda r: (
-        (410, {}, b"no such hook", 0.0)
-        if b'"n":0' in r.body
-        else (
-            200,
-            {},
-            b"",
-            0.0,
-        )
-    )
+
+    def gone_for_the_first(received):
+        if json.loads(received.body)["data"]["n"] == 0:
+            return 410, {}, b"no such hook", 0.0
+        return 200, {}, b"", 0.0
+
+    server.answer = gone_for_the_first
     rows = write(shards=1, per_shard=2)
     stats = drain_outboxes()
     assert (stats.dead_lettered, stats.failures) == (1, 0)
@@ -416,16 +413,13 @@ def test_a_failure_in_a_batch_stops_that_shard_only(server, make_relay):
     relay = make_relay(connect=False, concurrency=8)
     batch = messages(shards=8, per_shard=3)
     broken = batch[5 * 3 + 1]  # shard 5, its second message
-    server.answer = lambda r: (
-        (503, {}, b"down", 0.0)
-        if r.headers["webhook-id"] == str(broken.message_id)
-        else (
-            200,
-            {},
-            b"",
-            0.0,
-        )
-    )
+
+    def unavailable_for_broken(received):
+        if received.headers["webhook-id"] == str(broken.message_id):
+            return 503, {}, b"down", 0.0
+        return 200, {}, b"", 0.0
+
+    server.answer = unavailable_for_broken
     failed = relay.publish(batch)
     after = batch[5 * 3 + 2]
     assert set(failed) == {broken.message_id, after.message_id}
