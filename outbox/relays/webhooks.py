@@ -58,7 +58,7 @@ class WebhookRelay(Relay):
     """POST each message to `url`, signed with `secret` (Standard Webhooks: ``whsec_``
     plus the base64 of the key; see `outbox.relays.signing` for the other forms).
 
-    `timeout`: seconds to connect, and to wait for each read of the answer.
+    `timeout`: seconds allowed to connect, to send, and for each read of the answer.
     `envelope`: ``"cloudevents"`` (structured), ``"cloudevents-binary"``, ``"bare"`` or an
     `Envelope`. `headers`: sent with every request (an ``Authorization``, say); the
     content type, the signature and the relay's own headers take precedence.
