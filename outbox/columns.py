@@ -1,39 +1,16 @@
-"""Column values: how one read or returned by hand-written SQL becomes the value a
-queryset gives, and how a message id is made (in Python, and as a database default)."""
+"""The defaults of the `message_id` column: how a message id is made in Python, and by the
+database for rows written without one. Migrations (the app's and those of a project's own
+outbox tables) name these two by their path here."""
 
 from __future__ import annotations
 
 import os
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Func, Model, UUIDField
-
-Convert = Callable[[Any], Any]
-
-
-def column_converter(model: type[Model], name: str, connection: BaseDatabaseWrapper) -> Convert:
-    """How Django turns column `name` of `model` into a value, as one function: the
-    backend's converters, then the field's own (a custom decoder, a time zone)."""
-    column = model._meta.get_field(name).get_col(model._meta.db_table)  # type: ignore[union-attr]
-    converters = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
-    if not converters:
-        return as_is
-
-    def convert(value: Any) -> Any:
-        for function in converters:
-            value = function(value, column, connection)
-        return value
-
-    return convert
-
-
-def as_is(value: Any) -> Any:
-    """The converter of a column Django loads as the driver returns it."""
-    return value
+from django.db.models import Func, UUIDField
 
 
 def new_message_id() -> uuid.UUID:

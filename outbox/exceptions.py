@@ -34,7 +34,7 @@ class InvalidOutboxMessage(OutboxError, ValueError):
 
 class UnknownDatabase(OutboxError, ConnectionDoesNotExist):
     """A database alias that DATABASES does not have, given to a reader of the backlog
-    (`outbox.health`, `outbox.status`); the message names it and the aliases configured,
+    (`outbox.health`, `outbox.health.snapshot`); the message names it and the aliases configured,
     as `manage.py outbox_status --database` says. Still a Django
     `ConnectionDoesNotExist`."""
 

@@ -10,6 +10,8 @@ the engine, which records which receivers succeeded for a failing message).
   drops the callbacks of a savepoint that rolls back (documented); which markers are
   still pending is read from `connection.run_on_commit` (internal).
 - `Model._state` (internal) says whether an instance is saved, and to which database.
+- How Django turns a column into a value (`connection.ops.get_db_converters`, a field's
+  `get_db_converters`, undocumented) for columns read by hand-written SQL.
 - `Signal._live_receivers(sender)` (internal) returns the sync and the async receivers
   for a sender, as `send` and `send_robust` use it (stable since Django 5.0).
 """
@@ -20,7 +22,7 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import NOT_PROVIDED
+from django.db.models import NOT_PROVIDED, Model
 from django.db.models.expressions import DatabaseDefault
 from django.dispatch import Signal
 
@@ -90,3 +92,27 @@ def has_async_receivers(signal: Signal) -> bool:
     """Whether any `async def` receiver is connected to `signal`, for any sender. Each
     entry of `Signal.receivers` ends with its `is_async` flag (Django 5.0 to 6.0)."""
     return any(entry[-1] for entry in signal.receivers)
+
+
+Convert = Callable[[Any], Any]
+
+
+def column_converter(model: type[Model], name: str, connection: BaseDatabaseWrapper) -> Convert:
+    """How Django turns column `name` of `model` into a value, as one function: the
+    backend's converters, then the field's own (a custom decoder, a time zone)."""
+    column = model._meta.get_field(name).get_col(model._meta.db_table)  # type: ignore[union-attr]
+    converters = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
+    if not converters:
+        return as_is
+
+    def convert(value: Any) -> Any:
+        for function in converters:
+            value = function(value, column, connection)
+        return value
+
+    return convert
+
+
+def as_is(value: Any) -> Any:
+    """The converter of a column Django loads as the driver returns it."""
+    return value

@@ -5,7 +5,7 @@ from django.core.checks import ERROR, WARNING, Tags, run_checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from outbox.checks import check_receivers
+from outbox.checks.declarations import check_receivers
 from outbox.signals import process_region_outbox
 from tests.testapp.categories import Category
 from tests.testapp.receivers import record

@@ -4,6 +4,7 @@ import logging
 import threading
 
 import pytest
+from django.apps import apps
 from django.db import transaction
 from django.test import override_settings
 
@@ -136,21 +137,15 @@ def test_failing_flush_is_logged_and_left_for_the_drain(calls, caplog):
 
 
 @override_settings(OUTBOX_FLUSH_STRICT=True)
-def test_strict_flush_reraises_after_commit(calls):
+def test_strict_flush_reraises_after_commit(calls, monkeypatch):
     calls.failing = {7}
 
     def raising_flush(using, bounds):
         raise RuntimeError("flush broke")
 
-    from outbox.writes.hooks import hooks
-
-    original = hooks.flush
-    hooks.flush = raising_flush
-    try:
-        with pytest.raises(RuntimeError, match="flush broke"), outbox_context(transaction.atomic()):
-            RegionOutboxFactory(shard_identifier=7)
-    finally:
-        hooks.flush = original
+    monkeypatch.setattr(apps.get_app_config("outbox"), "flush", raising_flush)
+    with pytest.raises(RuntimeError, match="flush broke"), outbox_context(transaction.atomic()):
+        RegionOutboxFactory(shard_identifier=7)
     assert RegionOutbox.objects.count() == 1  # committed before the flush failed
 
 

@@ -17,8 +17,8 @@ from django.core.management.base import CommandError
 from outbox import exceptions
 from outbox.engine import drain_outboxes
 from outbox.health import Thresholds, backlog, check, statuses
+from outbox.health.snapshot import table_status
 from outbox.models import RegionOutbox
-from outbox.status import table_status
 from outbox.writes.pending import _FAILURE_MESSAGES
 from tests.conftest import committing
 

@@ -12,8 +12,8 @@ import pytest
 from django.db.models.functions import Now
 
 from outbox import OutboxCategory, OutboxScope, RetryLater, RetryPolicy
-from outbox.checks import check_category_policies
-from outbox.checks_settings import check_settings
+from outbox.checks.declarations import check_category_policies
+from outbox.checks.settings import check_settings
 from outbox.engine import drain_outboxes
 from outbox.exceptions import NoReceiver, PermanentFailure
 from outbox.models import RegionOutbox, ShardLease

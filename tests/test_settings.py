@@ -8,7 +8,7 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from outbox.checks_settings import check_settings
+from outbox.checks.settings import check_settings
 from outbox.conf import SETTINGS, OutboxSettings, Setting, outbox_settings
 from outbox.exceptions import OutboxConfigurationError
 

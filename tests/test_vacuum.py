@@ -1,4 +1,4 @@
-"""Vacuum health (`outbox.vacuum`): on PostgreSQL, the oldest transaction holding back
+"""Vacuum health (`outbox.health.vacuum`): on PostgreSQL, the oldest transaction holding back
 vacuum and the dead tuples of the outbox tables and the lease table, in `outbox_status`,
 its thresholds and the health checks; elsewhere "not available", never an error."""
 
@@ -18,8 +18,8 @@ from django.test.utils import isolate_apps
 
 from outbox.exceptions import InvalidThreshold
 from outbox.health import Thresholds, check, problems, statuses
+from outbox.health.vacuum import read
 from outbox.models import RegionOutbox
-from outbox.vacuum import read
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
 from tests.workers import wait_until

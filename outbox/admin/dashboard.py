@@ -2,7 +2,7 @@
 the shards' lease states (held, backing off, retry due, expired: only the last one
 stuck), failing rows and dead letters.
 
-All figures come from `outbox.status.table_status` (what `manage.py outbox_status`
+All figures come from `outbox.health.snapshot.table_status` (what `manage.py outbox_status`
 reports: a fixed number of aggregate queries per table, lease states read through
 `ShardLease.objects`); this module only shapes them for the template.
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 from outbox.categories import registry
 from outbox.exceptions import InvalidOutboxMessage
+from outbox.health.snapshot import table_status
 from outbox.models import OutboxBase, outbox_models
-from outbox.status import table_status
 
 # Dashboard column: key in a table_status scope entry.
 SCOPE_COLUMNS = {

@@ -10,7 +10,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 
 from outbox.backends.base import Group, Message
-from outbox.columns import Convert, as_is, column_converter
+from outbox.internals import Convert, as_is, column_converter
 from outbox.models import OutboxBase
 
 __all__ = ["Convert", "MessageReader", "field_converter"]

@@ -1,7 +1,7 @@
 """The engine's two calls: `drain_outboxes()`, one drain of every due shard in the
 calling thread, and `flush_shards()`, the synchronous flush after a commit (which
-`OutboxConfig.ready` installs as the write path's flush hook, `outbox.writes.hooks`, so
-the write path never imports the engine)."""
+`OutboxConfig.flush` calls for the write path, `outbox.writes.hooks`, so the write path
+never imports the engine)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ the engine's own delivery (so several receivers, transactional receivers, RetryL
 PermanentFailure behave as in production) and deletes the delivered rows. No leases:
 nothing else can see the test's transaction.
 
-`OutboxConfig.ready` installs it as the write path's hook for a flush run inside
+`OutboxConfig.flush_in_test_transaction` calls it for the write path's flush run inside
 `TestCase`'s own transactions (`outbox.writes.hooks`); `outbox.testing` builds its
 helpers on it.
 

@@ -24,7 +24,7 @@ import dataclasses
 from health_check.base import HealthCheck
 from health_check.exceptions import ServiceUnavailable
 
-from outbox.health import Thresholds, check
+from outbox.health.thresholds import Thresholds, check
 
 
 @dataclasses.dataclass

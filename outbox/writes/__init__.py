@@ -2,6 +2,6 @@
 writer, and producer models.
 
 It sits above the models and below the backends and the engine: it never imports them.
-After a commit it hands the written shards to the flush hook (`outbox.writes.hooks`),
-which the app wires to the engine when it is ready.
+After a commit it hands the written shards to the app config's flush
+(`outbox.writes.hooks`), which calls the engine.
 """

@@ -31,7 +31,7 @@ from django.db.transaction import Atomic
 
 import outbox.internals as internals
 from outbox.writes.announce import announce_saved
-from outbox.writes.hooks import hooks
+from outbox.writes.hooks import layers_above
 from outbox.writes.insert import Snapshot, insert
 
 if TYPE_CHECKING:
@@ -120,9 +120,8 @@ class HeldRows:
         by_table: dict[type[OutboxBase], list[tuple[_Entry, Snapshot]]] = defaultdict(list)
         for entry, snapshot in kept:
             by_table[type(entry.row)].append((entry, snapshot))
-        wrapper = None
-        if then_commit and hooks.commit_with_last_insert is not None:
-            wrapper = hooks.commit_with_last_insert(self.using)
+        above = layers_above() if then_commit else None
+        wrapper = above.commit_with_last_insert(self.using) if above is not None else None
         tables = list(by_table.items())
         for index, (model, pairs) in enumerate(tables):
             last = wrapper is not None and index == len(tables) - 1

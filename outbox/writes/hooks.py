@@ -1,4 +1,6 @@
-"""What the write path calls into without importing it: set once by `OutboxConfig.ready`.
+"""What the write path asks of the layers above it without importing them. The app config
+(`outbox.apps.OutboxConfig`, where the layers are wired) answers, found in Django's app
+registry (`layers_above`):
 
 - `flush(using, bounds)`: deliver the shards a committed transaction wrote, up to
   their bounds (the engine's synchronous flush).
@@ -19,8 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
+
+from django.apps import apps
 
 from outbox.cursors import CommitWithInsert
 from outbox.shards import ShardKey
@@ -31,16 +34,25 @@ if TYPE_CHECKING:
 FlushBounds = Mapping["type[OutboxBase]", Mapping[ShardKey, "int | None"]]
 
 
-@dataclass
-class WriteHooks:
-    flush: Callable[[str, FlushBounds], object] | None = None
-    commit_with_last_insert: Callable[[str], CommitWithInsert | None] | None = None
-    flush_in_test_transaction: Callable[[str, FlushBounds], object] | None = None
+class LayersAbove(Protocol):
+    """What `OutboxConfig` provides the write path with."""
+
+    def flush(self, using: str, bounds: FlushBounds) -> object: ...
+
+    def commit_with_last_insert(self, using: str) -> CommitWithInsert | None: ...
+
+    def flush_in_test_transaction(self, using: str, bounds: FlushBounds) -> object: ...
 
 
-hooks = WriteHooks()
+def layers_above() -> LayersAbove | None:
+    """The app config, or None before the app registry has loaded it (rows written then
+    are left to the drain)."""
+    if not apps.apps_ready:
+        return None
+    return cast(LayersAbove, apps.get_app_config("outbox"))
 
-# A ContextVar, not a field of `hooks`: turning eager delivery on in one test (thread,
+
+# A ContextVar: turning eager delivery on in one test (thread,
 # asyncio task) never changes what another one does.
 in_transaction_flush: ContextVar[Callable[[str, FlushBounds], object] | None] = ContextVar(
     "outbox_in_transaction_flush", default=None

@@ -45,8 +45,8 @@ from django.db.models import (
 )
 from django.db.models.expressions import DatabaseDefault
 
-from outbox.columns import Convert, as_is, column_converter
 from outbox.cursors import CommitWithInsert, kept_cursor
+from outbox.internals import Convert, as_is, column_converter
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper

@@ -28,7 +28,7 @@ from django.utils.module_loading import import_string
 from outbox.conf import outbox_settings
 from outbox.exceptions import FlushInOpenTransaction
 from outbox.shards import ShardKey
-from outbox.writes.hooks import hooks, in_transaction_flush
+from outbox.writes.hooks import LayersAbove, in_transaction_flush, layers_above
 
 if TYPE_CHECKING:
     from outbox.models import OutboxBase
@@ -58,22 +58,22 @@ class PendingFlush:
         if self.done:
             return
         self.done = True
-        flush = hooks.flush
-        if flush is None:  # the app is not ready (or not installed): leave it to the drain
+        above = layers_above()
+        if above is None:  # the app is not loaded yet: leave it to the drain
             return
         if connections[self.using].in_atomic_block:
-            self._run_in_open_transaction()
+            self._run_in_open_transaction(above)
             return
         with _logged_unless_strict("outbox.flush_failed", self.using, self.bounds):
-            flush(self.using, self.bounds)
+            above.flush(self.using, self.bounds)
 
-    def _run_in_open_transaction(self) -> None:
+    def _run_in_open_transaction(self, above: LayersAbove) -> None:
         """On_commit callbacks running before the commit: only test machinery does
         that. Deliver in the open transaction where nothing but TestCase's own
         transactions are open, or where the test asked for it; never pass silently."""
         eager = in_transaction_flush.get()
         if eager is None and _only_test_case_transactions(self.using):
-            eager = hooks.flush_in_test_transaction
+            eager = above.flush_in_test_transaction
         if eager is not None:
             eager(self.using, self.bounds)
             return

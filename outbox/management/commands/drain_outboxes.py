@@ -26,7 +26,7 @@ from outbox.conf import outbox_settings
 from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
 from outbox.engine.slots import stuck_receivers
 from outbox.exceptions import DrainInTransaction, InvalidOutboxMessage, StuckReceivers
-from outbox.health import backlog
+from outbox.health.thresholds import backlog
 from outbox.inbox import inbox_databases, inbox_receivers, prune_inbox
 from outbox.management import exit_codes
 from outbox.management.arguments import database_alias, outbox_table, positive_int

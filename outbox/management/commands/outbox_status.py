@@ -3,7 +3,7 @@
 Per table and scope: rows, shards, due rows, lag (the oldest due row's age), failing
 rows, dead letters, shards held / backing off / retry due (a back-off over, waiting for
 a drain: routine) / expired (a worker's lease ran out: stuck), and the worst shards with
-their last error; on PostgreSQL, vacuum health (`outbox.vacuum`): each table's dead
+their last error; on PostgreSQL, vacuum health (`outbox.health.vacuum`): each table's dead
 tuples and last vacuum, and per database the lease table's and the oldest transaction
 holding back vacuum (elsewhere it says "not available"). `--json` prints the same as
 JSON. Thresholds (`--max-lag`, `--max-dead`, `--max-expired`: expired leases only, never
@@ -21,10 +21,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from outbox.exceptions import InvalidThreshold
-from outbox.health import Thresholds, problems, statuses
+from outbox.health.thresholds import Thresholds, problems, statuses
+from outbox.health.vacuum import describe_holder, describe_table
 from outbox.management import exit_codes
 from outbox.management.arguments import database_alias
-from outbox.vacuum import describe_holder, describe_table
 
 # Option name, Thresholds field.
 THRESHOLDS = (

@@ -1,6 +1,6 @@
-"""System checks with stable ids: outbox.W001/E001, E018, E019, E021 and E022 here, the
-other settings' checks (outbox.E010 to E017, E020) in `outbox.checks_settings`. Imported
-by the app config when it is ready.
+"""System checks of what the project declares and plugs in: receivers for every category
+(outbox.W001/E001), the metrics adapter (E018), the inbox's retention against the retry
+delays (E019), the categories' retry policies (E021) and the backends (E022).
 
 A category without a receiver is a warning (outbox.W001) by default, so a project under
 construction, or a quick start, can still `migrate`; its messages are kept and retried,
@@ -18,15 +18,12 @@ from django.core.checks import ERROR, WARNING, CheckMessage, Error, Tags, regist
 
 from outbox.backends.select import import_backend
 from outbox.categories import OutboxCategory, registry
-from outbox.checks_settings import check_settings
 from outbox.conf import SETTINGS, outbox_settings
 from outbox.exceptions import MetricsUnavailable, OutboxConfigurationError
 from outbox.inbox import inbox_receivers
 from outbox.metrics.base import metrics_class
 from outbox.models import outbox_models
 from outbox.retry import declared_policy, policy_for
-
-register(check_settings)
 
 # The W001 warnings of the latest check run, with their categories. A check is not told
 # whether it runs under --deploy; Django runs the deployment checks after the others in

@@ -1,5 +1,6 @@
-"""Vacuum health on PostgreSQL, beside the backlog snapshot of `outbox.status`: what holds
-back vacuum in the database, and the dead tuples of the outbox tables and the lease table.
+"""Vacuum health on PostgreSQL, beside the backlog snapshot (`outbox.health.snapshot`):
+what holds back vacuum in the database, and the dead tuples of the outbox tables and
+the lease table.
 
 An outbox table turns over every row, so its dead tuples grow with the message rate
 until a vacuum removes them, and nothing can remove them while an older transaction may
@@ -146,7 +147,7 @@ def _when(moment: datetime | None) -> str | None:
 
 
 def attach(tables: Sequence[dict[str, Any]], models: Sequence[type[Model]]) -> None:
-    """Give each `outbox.status.table_status` entry of `models` its "vacuum": its own
+    """Give each `outbox.health.snapshot.table_status` entry of `models` its "vacuum": its own
     table's figures, the lease table's and the oldest xmin of its database, or None
     where that database is not PostgreSQL. One reading per database."""
     by_label = {model._meta.label: model for model in models}

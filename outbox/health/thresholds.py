@@ -1,5 +1,5 @@
-"""Health of the outboxes, for probes and monitoring: thresholds over `outbox.status` and,
-on PostgreSQL, `outbox.vacuum`.
+"""The thresholds that turn the readings into problems, for probes and monitoring: limits
+over `outbox.health.snapshot` and, on PostgreSQL, `outbox.health.vacuum`.
 
 `problems()` returns what is wrong, in words (empty when healthy); `manage.py
 outbox_status` exits non-zero on them (its `--max-...` options, one per `Thresholds`
@@ -20,9 +20,9 @@ from numbers import Integral, Real
 from typing import Any
 
 from outbox.exceptions import InvalidThreshold
+from outbox.health.snapshot import known_database, table_status
+from outbox.health.vacuum import attach, describe_holder
 from outbox.models import OutboxBase, outbox_models
-from outbox.status import known_database, table_status
-from outbox.vacuum import attach, describe_holder
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def statuses(
     vacuum: bool = True,
 ) -> list[dict[str, Any]]:
     """`table_status` of every outbox table (or of `models`), each with its "vacuum"
-    reading (`outbox.vacuum.attach`: None off PostgreSQL) unless `vacuum` is False."""
+    reading (`outbox.health.vacuum.attach`: None off PostgreSQL) unless `vacuum` is False."""
     alias = known_database(using)
     chosen = list(models or outbox_models())
     tables = [table_status(model, alias) for model in chosen]

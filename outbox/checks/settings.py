@@ -9,8 +9,8 @@
 - E017: ``OUTBOX_CELERY_TIME_LIMIT_SECONDS`` not above ``OUTBOX_TASK_SECONDS``.
 - E020: ``OUTBOX_RETRY_POLICY`` does not import or is no ``RetryPolicy`` subclass.
 
-E018 (``OUTBOX_METRICS`` names an adapter that cannot be loaded) is in `outbox.checks`:
-this module sits below the metrics layer and may not import the adapters.
+E018 (``OUTBOX_METRICS`` names an adapter that cannot be loaded) is with the checks of
+what the project plugs in (`outbox.checks.declarations`).
 
 The rules across settings only look at values that passed E011 and E012.
 """
@@ -24,7 +24,7 @@ from typing import Any
 import django
 from django.apps import AppConfig
 from django.conf import settings as django_settings
-from django.core.checks import CheckMessage, Error
+from django.core.checks import CheckMessage, Error, register
 from django.utils.module_loading import import_string
 
 from outbox.conf import PREFIX, SETTINGS, outbox_settings
@@ -35,6 +35,7 @@ from outbox.retry import load_policy
 _DEFAULT_TASK_QUEUES = ["default"]
 
 
+@register()
 def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:

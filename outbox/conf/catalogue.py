@@ -1,19 +1,19 @@
-"""The app's settings: every ``OUTBOX_*`` setting, its type, its default and its meaning.
+"""Every ``OUTBOX_*`` setting, its type, its default and its meaning.
 
 Each is checked against its type and range when read: a bad value raises
 `OutboxConfigurationError` naming the setting, instead of failing somewhere deeper
 later. Values are read from ``django.conf.settings`` and kept until a setting changes,
-so ``override_settings`` works (`outbox.setting`). The system checks
-(`outbox.checks_settings`) report the same problems at startup.
+so ``override_settings`` works (`outbox.conf.descriptor`). The system checks
+(`outbox.checks.settings`) report the same problems at startup.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from outbox.setting import PREFIX, Setting
+from outbox.conf.descriptor import Setting
 
-__all__ = ["PREFIX", "SETTINGS", "OutboxSettings", "Setting", "outbox_settings"]
+__all__ = ["SETTINGS", "OutboxSettings", "outbox_settings"]
 
 
 class OutboxSettings:

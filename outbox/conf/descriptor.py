@@ -40,7 +40,7 @@ def _forget(*, setting: str, **kwargs: Any) -> None:
         _values.clear()
 
 
-setting_changed.connect(_forget, dispatch_uid="outbox.setting.forget")
+setting_changed.connect(_forget, dispatch_uid="outbox.conf.forget")
 
 _KIND_NAMES = {
     bool: "True or False",
