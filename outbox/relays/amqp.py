@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 
 from django.core.checks import CheckMessage
 
-from outbox.exceptions import OutboxConfigurationError, PermanentFailure
-from outbox.relays.base import Failures, Message, Relay
+from outbox.exceptions import PermanentFailure
+from outbox.relays.base import Failures, Message, Relay, RelayClientMissing
 from outbox.relays.destination import Destination
 from outbox.relays.envelope import Envelope
 from outbox.relays.waves import publish_in_waves
@@ -264,7 +264,7 @@ def _kombu() -> Any:
     try:
         return importlib.import_module("kombu")
     except ImportError as error:
-        raise OutboxConfigurationError(
+        raise RelayClientMissing(
             f'AmqpRelay needs kombu: pip install "django-outboxes[amqp]" ({error}).'
         ) from error
 

@@ -36,6 +36,10 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 Failures = Mapping[uuid.UUID, BaseException]
 
 
+class RelayClientMissing(OutboxConfigurationError, ImportError):
+    """A relay's client library is not installed; the text names the extra to install."""
+
+
 class Relay:
     """Base class of the relays: forward each message of the categories it is connected
     to. A subclass implements `publish`; `check` may add its own configuration errors.
@@ -233,6 +237,7 @@ __all__ += [
     "Envelope",
     "Failures",
     "FunctionRelay",
+    "RelayClientMissing",
     "batch_receiver",
     "held_back",
     "skip_after_failure",

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.checks import CheckMessage
 
-from outbox.exceptions import OutboxConfigurationError
-from outbox.relays.base import Failures, Message, Relay, skip_after_failure
+from outbox.relays.base import Failures, Message, Relay, RelayClientMissing, skip_after_failure
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -108,7 +107,7 @@ def _client_library() -> Any:
     try:
         import celery
     except ImportError as error:
-        raise OutboxConfigurationError(
+        raise RelayClientMissing(
             'CeleryTaskRelay needs Celery: pip install "django-outboxes[celery]"'
         ) from error
     return celery

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.checks import CheckMessage
 
 from outbox.exceptions import OutboxConfigurationError
-from outbox.relays.base import Failures, Message, Relay
+from outbox.relays.base import Failures, Message, Relay, RelayClientMissing
 from outbox.relays.envelope import Envelope
 from outbox.relays.kafka_reports import (
     Reports,
@@ -235,7 +235,7 @@ def _client_library() -> ModuleType:
     try:
         import confluent_kafka
     except ImportError as error:
-        raise OutboxConfigurationError(
+        raise RelayClientMissing(
             'KafkaRelay needs confluent-kafka: pip install "django-outboxes[kafka]"'
         ) from error
     return confluent_kafka

@@ -28,7 +28,7 @@ from typing import Any
 from django.core.checks import CheckMessage
 
 from outbox.exceptions import OutboxConfigurationError
-from outbox.relays.base import Failures, Message, Relay
+from outbox.relays.base import Failures, Message, Relay, RelayClientMissing
 from outbox.relays.destination import Destination
 from outbox.relays.envelope import Envelope
 from outbox.relays.waves import publish_in_waves
@@ -141,6 +141,6 @@ def _redis() -> Any:
     try:
         return importlib.import_module("redis")
     except ImportError as error:
-        raise OutboxConfigurationError(
+        raise RelayClientMissing(
             f'RedisStreamRelay needs redis-py: pip install "django-outboxes[redis]" ({error}).'
         ) from error

@@ -26,7 +26,7 @@ from django.core.checks import CheckMessage
 
 from outbox.conf import outbox_settings
 from outbox.exceptions import OutboxConfigurationError, PermanentFailure
-from outbox.relays.base import Failures, Message, Relay, skip_after_failure
+from outbox.relays.base import Failures, Message, Relay, RelayClientMissing, skip_after_failure
 from outbox.relays.envelope import Envelope
 from outbox.relays.http_rules import (
     WebhookError,
@@ -45,13 +45,9 @@ except ImportError as missing:  # the extra is not installed: said when a relay 
 else:
     _MISSING = None
 
-__all__ = ["RelayClientMissing", "WebhookError", "WebhookRelay"]
+__all__ = ["WebhookError", "WebhookRelay"]
 
 USER_AGENT = "django-outboxes webhook relay"
-
-
-class RelayClientMissing(OutboxConfigurationError, ImportError):
-    """A relay's client library is not installed; the text names the extra to install."""
 
 
 class WebhookRelay(Relay):
