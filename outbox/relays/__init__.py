@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from outbox.relays import checks as _checks  # noqa: F401  (registers outbox.E023)
 from outbox.relays.base import Message, Relay, batch_receiver, relays, skip_after_failure
 from outbox.relays.envelope import Bare, CloudEvents, Envelope
 

@@ -1,7 +1,6 @@
 """The system check of declared relays (outbox.E023): each relay's own `Relay.check`,
 for instance a webhook URL that is not http(s) or a signing secret that does not decode.
-Registered when `outbox.relays` is first imported, so a project without relays runs
-none."""
+A project without relays has none to check."""
 
 from __future__ import annotations
 
