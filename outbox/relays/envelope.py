@@ -61,7 +61,7 @@ class CloudEvents(Envelope):
             "source": self.source or f"/outbox/{message.scope.name.lower()}",
             "type": f"{self.type_prefix}{message.category.name.lower()}",
             "subject": str(message.object_identifier),
-            "time": message.time.isoformat().replace("+00:00", "Z"),
+            "time": message.time.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "datacontenttype": "application/json",
         }
         for name in TRACE_HEADERS:
