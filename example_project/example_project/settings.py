@@ -108,6 +108,9 @@ CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379
 # of other workers get the rest instead of waiting behind it.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# The demo publishes organization changes to RabbitMQ here, when it answers
+# (accounts/demo/rabbitmq.py).
+AMQP_URL = env.str("AMQP_URL", default="amqp://guest:guest@127.0.0.1:5672//")
 # Set to "outbox.integrations.celery.prompt_drain" to send a drain task on each commit
 # that leaves rows to the drain, instead of waiting for the next beat tick.
 OUTBOX_PROMPT_DRAIN = env.str("OUTBOX_PROMPT_DRAIN", default=None)

@@ -16,7 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.billing import billing_api
-from accounts.demo import reset, traffic, verify
+from accounts.demo import rabbitmq, reset, traffic, verify
 from accounts.demo.drain import DrainReport, drain_until_empty
 from accounts.demo.traffic import Tally
 from accounts.demo.updates import UpdateMix
@@ -55,13 +55,17 @@ class Command(BaseCommand):
         started = time.monotonic()
         reset.migrate_databases()
         reset.wipe_demo_tables()
+        publishing = rabbitmq.start()
         tally = self._write_traffic(options)
         traffic_seconds = time.monotonic() - started
         outage = options["billing_outage"]
         billing_api.start_outage(max(1, options["orgs"] // 5) if outage is None else outage)
         drained = drain_until_empty(options["timeout"])
         problems = verify.verify(tally, drained)
+        published, broker_problems = rabbitmq.finish(publishing)
+        problems += broker_problems
         self._summary(tally, drained, traffic_seconds, time.monotonic() - started, options)
+        self.stdout.write(published)
         if problems:
             raise CommandError("check failed:\n  " + "\n  ".join(problems))
         self.stdout.write(self.style.SUCCESS(f"check passed: {self._checked()}"))

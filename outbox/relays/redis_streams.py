@@ -1,0 +1,146 @@
+"""RedisStreamRelay: each message appended to a Redis stream (``XADD``) through redis-py::
+
+    RedisStreamRelay("events", url="redis://cache:6379/2", stream="app.{category}",
+                     maxlen=100_000).connect(Scope.ORGANIZATION)
+
+An entry's fields: ``outbox-message-id``, ``outbox-category``, ``outbox-shard``,
+``outbox-attempt`` and the writer's headers (``traceparent``, ``tracestate`` ...), as
+`Message.relay_headers` gives them; with a binary CloudEvents envelope its attributes as
+``ce_id``, ``ce_type``, ``ce_source`` ... (the prefix of the CloudEvents Kafka binding:
+Redis has none); then ``content-type`` and ``body`` (the envelope's). A writer's header
+never replaces ``content-type`` or ``body``.
+
+A batch's ``XADD`` commands go in one pipeline (no MULTI: an entry that fails, say on a
+key that holds no stream, fails alone). The entry's id is Redis's own (``*``). With
+`maxlen` each ``XADD`` caps its stream, ``MAXLEN ~`` (Redis trims whole nodes, at
+least `maxlen` entries stay) unless `approximate` is False: entries trimmed are gone,
+read or not.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.core.checks import CheckMessage
+
+from outbox.exceptions import OutboxConfigurationError
+from outbox.relays.base import Failures, Message, Relay, RelayClientMissing
+from outbox.relays.destination import Destination
+from outbox.relays.envelope import Envelope
+from outbox.relays.waves import publish_in_waves
+
+__all__ = ["RedisStreamRelay"]
+
+
+class RedisStreamRelay(Relay):
+    """Append to `stream`, a template of the message's fields or a callable
+    (`outbox.relays.destination`; default ``outbox.{category}``, the category's name in
+    lower case). The client is thread-safe (a pool of connections); a connection lost
+    fails the batch, the next call connects again. redis-py retries a command once, at
+    once, on a new connection (a pooled one the server closed); beyond that the
+    engine's back-off applies. `socket_timeout`: how long a batch waits for Redis."""
+
+    extra = "redis"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str = "redis://127.0.0.1:6379/0",
+        stream: str | Callable[[Message], str] = "outbox.{category}",
+        maxlen: int | None = None,
+        approximate: bool = True,
+        envelope: Envelope | str = "cloudevents",
+        socket_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self._redis = _redis()
+        super().__init__(name, envelope=envelope)
+        if maxlen is not None and (
+            isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen < 1
+        ):
+            raise OutboxConfigurationError(
+                f"Relay {name!r}: maxlen must be a whole number of entries above 0, or "
+                f"None for no cap; got {maxlen!r}."
+            )
+        self.url = url
+        self.stream = Destination(stream, "stream")
+        self.maxlen = maxlen
+        self.approximate = approximate
+        self.socket_timeout = socket_timeout
+        self.connect_timeout = connect_timeout
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def publish(self, messages: Sequence[Message]) -> Failures:
+        return publish_in_waves(messages, self._publish_wave)
+
+    def check(self) -> list[CheckMessage]:
+        found: list[CheckMessage] = [self.error(problem) for problem in self.stream.problems()]
+        try:
+            self._redis.connection.parse_url(self.url)
+        except (ValueError, TypeError) as error:
+            found.append(self.error(f"url {self.url!r} is not a Redis URL: {error}"))
+        return found
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def fields(self, message: Message) -> dict[str, str | bytes]:
+        """The stream entry's fields for one message."""
+        fields: dict[str, str | bytes] = dict(message.relay_headers())
+        for attribute, value in self.envelope.attributes(message).items():
+            fields[f"ce_{attribute}"] = value
+        fields["content-type"] = self.envelope.content_type
+        fields["body"] = self.envelope.body(message)
+        return fields
+
+    def _publish_wave(self, wave: list[Message]) -> Failures:
+        failed: dict[uuid.UUID, BaseException] = {}
+        sent = []
+        with self._redis_client().pipeline(transaction=False) as pipeline:
+            for message in wave:
+                try:
+                    stream, fields = self.stream(message), self.fields(message)
+                except Exception as error:  # a stream name or body that cannot be made
+                    failed[message.message_id] = error
+                    continue
+                pipeline.xadd(stream, fields, maxlen=self.maxlen, approximate=self.approximate)
+                sent.append(message)
+            # A lost connection raises here, failing the whole wave.
+            replies = pipeline.execute(raise_on_error=False) if sent else []
+        for message, reply in zip(sent, replies, strict=True):
+            if isinstance(reply, Exception):
+                failed[message.message_id] = reply
+        return failed
+
+    def _redis_client(self) -> Any:
+        """The relay's client, made on first use (it connects as commands need)."""
+        with self._lock:
+            if self._client is None:
+                retry = importlib.import_module("redis.retry")
+                backoff = importlib.import_module("redis.backoff")
+                self._client = self._redis.Redis.from_url(
+                    self.url,
+                    socket_timeout=self.socket_timeout,
+                    socket_connect_timeout=self.connect_timeout,
+                    retry=retry.Retry(backoff.NoBackoff(), 1),
+                )
+            return self._client
+
+
+def _redis() -> Any:
+    """The redis module, or the error that says which extra installs it."""
+    try:
+        return importlib.import_module("redis")
+    except ImportError as error:
+        raise RelayClientMissing(
+            f'RedisStreamRelay needs redis-py: pip install "django-outboxes[redis]" ({error}).'
+        ) from error
