@@ -77,3 +77,27 @@ def test_receivers_that_return_at_once_still_fill_whole_batches(calls, settings)
     # 16 shards first, then full batches of 100 (or more where the backend widens them);
     # twice that leaves room for a machine too busy to keep a batch within a second.
     assert len(claims) <= 2 * (1 + -(-(written - 16) // 100)), claims
+
+
+def test_receivers_that_wait_are_claimed_in_whole_rounds_of_the_slots(calls, settings):
+    """A claim that left some slots idle in its last round would take as long as a full
+    one: with 8 slots, claims after the first are multiples of 8 (the last may be less,
+    when fewer shards are left)."""
+    settings.OUTBOX_CONCURRENCY = 8
+    settings.OUTBOX_BATCH_SHARDS = 1000
+    settings.OUTBOX_UNSETTLED_SECONDS = 0.25  # about 50 shards a claim at 20 ms a round
+    written = backlog(400)
+    calls.during_call = lambda sender, kwargs: time.sleep(0.02)
+    claims = []
+
+    def claimed(sender, shards, **kwargs):
+        if shards:
+            claims.append(shards)
+
+    shards_claimed.connect(claimed)
+    try:
+        assert drain_outboxes().rows_retired == written
+    finally:
+        shards_claimed.disconnect(claimed)
+    assert len(claims) >= 3, claims
+    assert all(size % 8 == 0 for size in claims[1:-1]), claims

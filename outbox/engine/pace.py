@@ -6,8 +6,8 @@ worker has delivered are deleted when their round is settled: if the worker dies
 they are delivered again. Through a backlog a worker has two rounds unsettled at most
 (the one it delivers, and the one settling behind it), so each is kept to half of
 `OUTBOX_UNSETTLED_SECONDS` when receivers wait (calls of `WAITING_CALL_SECONDS` or more):
-a drain claims the shards its slots deliver in that time, judged by its last batch,
-within the row-count budget (`OUTBOX_BATCH_SHARDS`, `OUTBOX_BATCH_ROWS`). Receivers that
+a drain claims the shards its slots deliver in that time, judged by its last batch, in
+whole rounds of its slots, within the row-count budget (`OUTBOX_BATCH_SHARDS`, `OUTBOX_BATCH_ROWS`). Receivers that
 return at once fill the budget long before, so for them a batch may take up to
 `FAST_BATCH_SECONDS`, and the statements per message stay what they were. Windows are
 not shortened: a group is delivered with the newest row its window read, so a window
@@ -54,6 +54,10 @@ class Pace:
         if per_shard is None:
             return min(budget, FIRST_CLAIM_PER_SLOT * concurrency)
         fits = int(self.target_seconds() / per_shard) if per_shard > 0 else budget
+        if self.waiting and fits > concurrency:
+            # Whole rounds of the slots: a last round that keeps only some of them busy
+            # takes as long as a full one.
+            fits -= fits % concurrency
         return max(min(budget, fits), min(budget, concurrency), 1)
 
 
