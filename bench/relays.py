@@ -151,7 +151,9 @@ def _measure_one(target: Any, sizes: Any, log: Callable[[str], None]) -> dict[st
     return result
 
 
-def _run(target: Any, shards: int, per_shard: int, concurrency: int, budget: float) -> dict:
+def _run(
+    target: Any, shards: int, per_shard: int, concurrency: int, budget: float
+) -> dict[str, Any]:
     """One run of ours, read back and checked, then its floor at ours' mean batch."""
     from bench.db import load_shape, reset
     from outbox.engine.slots import kept_slots
