@@ -28,6 +28,7 @@ import os
 import secrets
 import statistics
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -192,6 +193,8 @@ def _run(
         "publishes": len(relay.batches),
         "mean_batch": mean_batch,
         "max_batch": max(relay.batches, default=0),
+        # How many publishes had each size: how the slots' calls fell into batches.
+        "batch_sizes": dict(sorted(Counter(relay.batches).items())),
         "raw_batch": raw_batch,
         "raw_seconds": raw_seconds,
         "raw_per_s": rows / raw_seconds if raw_seconds > 0 else 0.0,

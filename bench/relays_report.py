@@ -70,7 +70,10 @@ def _floors(relays: dict[str, Any]) -> list[str]:
     for relay in relays.values():
         if "skipped" in relay:
             continue
-        line = f"- {relay['title']}: floor = {relay['floor']}, batches of {relay['raw_batch']}"
+        line = (
+            f"- {relay['title']}: floor = {relay['floor']}, batches of {relay['raw_batch']}; "
+            f"ours published {_sizes(relay['batch_sizes'])}"
+        )
         if relay.get("ideal_per_s"):
             line += (
                 f"; {relay['raw_per_s']:,.0f} msg/s, ours ÷ it {relay['raw_ratio']:.2f}. "
@@ -79,3 +82,10 @@ def _floors(relays: dict[str, Any]) -> list[str]:
             )
         lines.append(line + ".")
     return lines
+
+
+def _sizes(sizes: dict[Any, int], shown: int = 6) -> str:
+    """The most frequent batch sizes, e.g. `1 x 120, 7 x 118, ...` (size x publishes)."""
+    common = sorted(sizes.items(), key=lambda item: -item[1])
+    text = ", ".join(f"{size} x {count:,}" for size, count in common[:shown])
+    return text + (", ..." if len(common) > shown else "") + " (batch size x publishes)"
