@@ -96,7 +96,7 @@ def measure(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
             relays[kind] = {"skipped": f"failed: {exc}"}
             problems.append(f"relays/{kind}: failed: {exc}")
         finally:
-            target.close()
+            _close(target, log)
     from bench.db import reset
 
     reset()
@@ -114,6 +114,15 @@ def measure(mode: str, log: Callable[[str], None]) -> dict[str, Any]:
             if r.get("met") is False
         ],
     }
+
+
+def _close(target: Any, log: Callable[[str], None]) -> None:
+    """Delete what the relay's run made (a failure here is logged, not fatal: the
+    names are the run's own and the queue expires by itself)."""
+    try:
+        target.close()
+    except Exception as exc:
+        log(f"relays {target.kind}: cleaning up failed: {exc}")
 
 
 def _measure_one(target: Any, sizes: Any, log: Callable[[str], None]) -> dict[str, Any]:

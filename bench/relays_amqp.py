@@ -43,6 +43,7 @@ class Amqp:
             durable=True,
             queue_arguments={"x-expires": 600_000},
         )
+        self.connection.ensure_connection(max_retries=1)  # no broker: skipped, at once
         channel = self.connection.default_channel
         self.exchange(channel).declare()
         self.queue(channel).declare()

@@ -29,6 +29,7 @@ class RedisStreams:
         self.stream = f"outbox-bench-relays-{secrets.token_hex(4)}"
         self.raw_stream = f"{self.stream}-raw"
         self.client = redis.Redis.from_url(self.url, socket_timeout=30)
+        self.client.ping()  # no server: skipped, at once
 
     def relay(self, name: str) -> CountingRedisStreamRelay:
         return CountingRedisStreamRelay(name, url=self.url, stream=self.stream)

@@ -55,7 +55,7 @@ def markdown(result: dict[str, Any]) -> list[str]:
     skipped = []
     for kind, relay in result["relays"].items():
         if "skipped" in relay:
-            skipped.append(f"{kind} skipped: {relay['skipped']}.")
+            skipped.append(f"{kind} skipped: {relay['skipped'].rstrip('.')}.")
         else:
             lines.append(_row(relay))
     lines += ["", *_floors(result["relays"])]
