@@ -33,7 +33,14 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import relays_report
-from bench.relays_common import CATEGORY, drain_to_empty, raw_messages, shape, tally
+from bench.relays_common import (
+    CATEGORY,
+    drain_to_empty,
+    engine_alone,
+    raw_messages,
+    shape,
+    tally,
+)
 from bench.relays_common import warm_up_message as _warm_up
 from bench.relays_plans import BROKER_GOAL, CONCURRENCY, MODES, WEBHOOK_CONCURRENCIES, WEBHOOK_GOAL
 
@@ -147,6 +154,7 @@ def _measure_one(target: Any, sizes: Any, log: Callable[[str], None]) -> dict[st
         "raw_per_s": raw,
         "runs_per_s": [run["per_s"] for run in runs],
         "raw_runs_per_s": [run["raw_per_s"] for run in runs],
+        "engine_alone_per_s": statistics.median(run["engine_alone_per_s"] for run in runs),
         "raw_ratio": ours / raw if raw else None,
         "problems": [f"relays/{target.kind}: {p}" for run in runs for p in run["problems"]],
     }
@@ -189,6 +197,7 @@ def _run(
     raw_batch = max(round(mean_batch), 1)
     raw_seconds = target.raw(raw_messages(shards, per_shard), raw_batch)
     target.clear()
+    alone = engine_alone(shards, per_shard, concurrency, budget)
     run = {
         "messages": rows,
         "shards": shards,
@@ -207,6 +216,7 @@ def _run(
         "raw_batch": raw_batch,
         "raw_seconds": raw_seconds,
         "raw_per_s": rows / raw_seconds if raw_seconds > 0 else 0.0,
+        "engine_alone_per_s": alone,
         **checks,
     }
     run["problems"] = _check(run)

@@ -97,6 +97,27 @@ def drain_to_empty(concurrency: int, slots: Any, budget: float) -> Drained:
             time.sleep(0.05)  # what is left is backing off after a failure
 
 
+def engine_alone(shards: int, rounds: int, concurrency: int, budget: float) -> float:
+    """The same rows drained the same way to a receiver that returns at once instead
+    of the relay: what the engine alone costs them. Messages per second."""
+    from bench.db import load_shape, reset
+    from outbox.engine.slots import kept_slots
+    from outbox.signals import process_region_outbox
+
+    def no_op(sender: Any, **kwargs: Any) -> None:
+        pass
+
+    reset()
+    rows = load_shape(shape(shards, rounds))
+    process_region_outbox.connect(no_op, sender=CATEGORY, weak=False)
+    try:
+        with kept_slots(concurrency) as slots:
+            drained = drain_to_empty(concurrency, slots, budget)
+    finally:
+        process_region_outbox.disconnect(no_op, sender=CATEGORY)
+    return rows / drained.seconds if drained.complete else 0.0
+
+
 # -- the raw floors' messages -----------------------------------------------------------
 
 

@@ -29,7 +29,8 @@ def _row(relay: dict[str, Any]) -> str:
         f"| {relay['concurrency']} | {relay['per_s']:,.0f} | {base} "
         f"| **{relay['ratio']:.2f}** | {relay['goal_text']} | {_met(relay['met'])} "
         f"| {relay['lost']} | {relay['order_violations']} "
-        f"| {relay['mean_batch']:.1f} ({relay['publishes']:,}) |"
+        f"| {relay['mean_batch']:.1f} ({relay['publishes']:,}) "
+        f"| {relay['engine_alone_per_s']:,.0f} |"
     )
 
 
@@ -44,13 +45,14 @@ def markdown(result: dict[str, Any]) -> list[str]:
         "read; out of order: shards whose messages were read out of their order). Raw: "
         "the same messages (the same CloudEvents JSON and headers) published by a hand "
         "loop with the client alone, in batches of the mean batch ours published, "
-        "confirmed once per batch. Load average "
+        "confirmed once per batch. Engine alone: the same rows drained the same way to "
+        "a receiver that returns at once. Load average "
         f"{start:.2f} at the start, {end:.2f} at the end"
         + (f"; median of {rounds} rounds." if rounds > 1 else "."),
         "",
         "| relay | messages / shards | concurrency | ours msg/s | floor msg/s | ratio "
-        "| goal | met | lost | order violations | mean batch (publishes) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| goal | met | lost | order violations | mean batch (publishes) | engine alone msg/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     skipped = []
     for kind, relay in result["relays"].items():
