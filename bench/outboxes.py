@@ -17,6 +17,7 @@ class BenchCategory(OutboxCategory):
     ITEM_UPDATE = 905  # write overhead
     WAIT_SYNC = 906  # receivers that wait: a sync receiver sleeping (bench.waiting)
     WAIT_ASYNC = 907  # receivers that wait: an `async def` receiver awaiting a sleep
+    RELAY_PUBLISH = 908  # relays (bench.relays): every message published by a relay
 
 
 class BenchScope(OutboxScope):
@@ -25,3 +26,4 @@ class BenchScope(OutboxScope):
     OBJECT = 902, {BenchCategory.OBJECT_UPDATE, BenchCategory.ITEM_UPDATE}
     SYNC = 903, {BenchCategory.SYNC_FLUSH}
     WAIT = 904, {BenchCategory.WAIT_SYNC, BenchCategory.WAIT_ASYNC}
+    RELAY = 905, {BenchCategory.RELAY_PUBLISH}

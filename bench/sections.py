@@ -23,6 +23,7 @@ MODULES = {
     "mariadb": "bench.mariadb",
     "waiting": "bench.waiting",
     "identity": "bench.identity_floor",
+    "relays": "bench.relays",
 }
 
 

@@ -1,0 +1,117 @@
+"""Kafka in the relays section (`bench.relays`): a `KafkaRelay` against a raw producer
+loop (one flush per batch), both on librdkafka's mock cluster (`test.mock.num.brokers`),
+a Kafka protocol server on local ports that a client of the harness owns for the run.
+The relay and the raw loop each produce to a topic of their own; the cluster, and every
+topic on it, goes away with its owner at the end."""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from typing import Any
+
+from bench.relays_common import Counting, RawMessage, batches, cloudevent, subject
+from outbox.relays.kafka import KafkaRelay
+
+BROKERS = 3
+TIMEOUT_S = 30.0
+
+
+class CountingKafkaRelay(Counting, KafkaRelay):
+    pass
+
+
+class Kafka:
+    kind = "kafka"
+    title = f"Kafka, librdkafka mock cluster ({BROKERS} brokers)"
+    floor = "confluent-kafka: produce a batch, then one flush"
+
+    def __init__(self) -> None:
+        import confluent_kafka
+
+        self.kafka = confluent_kafka
+        self.owner: Any = confluent_kafka.Producer(
+            {"test.mock.num.brokers": BROKERS, "log_level": 4}
+        )
+        brokers = self.owner.list_topics(timeout=10).brokers.values()
+        self.bootstrap = ",".join(f"{broker.host}:{broker.port}" for broker in brokers)
+        self.topic = f"outbox-bench-relays-{secrets.token_hex(4)}"
+        self.raw_topic = f"{self.topic}-raw"
+
+    def relay(self, name: str) -> CountingKafkaRelay:
+        return CountingKafkaRelay(
+            name, config={"bootstrap.servers": self.bootstrap}, topic=self.topic, timeout=TIMEOUT_S
+        )
+
+    def read(self, count: int, timeout: float = 15.0) -> list[tuple[str, int]]:
+        """The relay's topic, every partition from its start: up to `count` records, or
+        fewer if none comes for `timeout`. Records of one partition come in its order."""
+        consumer = self.kafka.Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"outbox-bench-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            partitions = self.owner.list_topics(timeout=10).topics[self.topic].partitions
+            consumer.assign(
+                [
+                    self.kafka.TopicPartition(self.topic, partition, self.kafka.OFFSET_BEGINNING)
+                    for partition in partitions
+                ]
+            )
+            read: list[tuple[str, int]] = []
+            idle_until = time.monotonic() + timeout
+            while len(read) < count and time.monotonic() < idle_until:
+                # consume() waits for all it asks for: ask for no more than is owed.
+                records = consumer.consume(num_messages=min(count - len(read), 10_000), timeout=1)
+                if records:
+                    idle_until = time.monotonic() + timeout
+                for record in records:
+                    if record.error() is None:
+                        read.append((record.key().decode(), subject(record.value())))
+            return read
+        finally:
+            consumer.close()
+
+    def clear(self) -> None:
+        """Nothing: each run has its own topic."""
+
+    def raw(self, messages: list[RawMessage], size: int) -> float:
+        """The raw floor: an idempotent producer with acks=all (as the relay's), each
+        batch produced, then flushed once. Seconds taken (its first record, which makes
+        the connections, untimed)."""
+        producer = self.kafka.Producer(
+            {"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True}
+        )
+        failed: list[Any] = []
+
+        def report(error: Any, record: Any) -> None:
+            if error is not None:
+                failed.append(error)
+
+        producer.produce(self.raw_topic, key=b"warm-up", value=b"{}", on_delivery=report)
+        producer.flush(TIMEOUT_S)
+        started = time.perf_counter()
+        for batch in batches(messages, size):
+            for message in batch:
+                _, body, headers = cloudevent(message)
+                headers["content-type"] = "application/cloudevents+json"
+                producer.produce(
+                    self.raw_topic,
+                    key=message.key.encode(),
+                    value=body,
+                    headers=[(name, value.encode()) for name, value in headers.items()],
+                    on_delivery=report,
+                )
+            producer.flush(TIMEOUT_S)
+        seconds = time.perf_counter() - started
+        if failed:
+            raise RuntimeError(f"the raw Kafka loop had {len(failed)} failed records: {failed[0]}")
+        return seconds
+
+    def close(self) -> None:
+        self.owner.flush(1.0)
+        self.owner = None
