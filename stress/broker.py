@@ -49,6 +49,7 @@ class Broker:
         self.name = f"outbox-stress-{secrets.token_hex(4)}"
         self.proxy = TcpProxy(self.host, self.port)
         self.cuts = 0
+        self.declared = False
 
     def _url(self, port: int) -> str:
         return f"amqp://guest:guest@127.0.0.1:{port}//" if port else ""
@@ -68,6 +69,7 @@ class Broker:
                 self.name, durable=True, auto_delete=False, arguments={"x-expires": 3_600_000}
             )
             channel.queue_bind(self.name, self.name, "#")
+        self.declared = True
         self.proxy.start()
         return {
             "STRESS_RELAY": "amqp",
@@ -89,6 +91,8 @@ class Broker:
         """Stop the proxy, read the whole queue (saved as consumed.jsonl in the run's
         directory for a recheck), then delete the queue and the exchange."""
         self.proxy.stop()
+        if not self.declared:  # the run failed before it began
+            return []
         try:
             raw = self._read_all()
         finally:
