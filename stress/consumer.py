@@ -15,18 +15,20 @@ is on the queue with repeats dropped; the repeats are counted (`relay_repeats`).
   message of group g while a write of another group, committed before g's oldest
   write not yet in the queue, was not in the queue yet. The engine delivers a group's
   newest row at the place of its oldest undeleted row, so when an earlier message of g
-  reached the queue without being settled (`unsettled`: the relay reported it failed
-  though it arrived, a confirm lost in a cut; the journaling receiver failed for it;
+  reached the queue without being settled (`unsettled`: a copy arrived that the broker
+  never confirmed, a confirm lost in a cut; the journaling receiver failed for it;
   its drainer died before the delete) the next one of g may pass another group's older
   write. Such a message, and one the relay published near a drainer fault of its shard
   (`order.tainted`), counts as `relay_order_unverified`, the rest as violations;
+- reported: relay_arrived_unconfirmed, copies in the queue beyond the broker's confirms
+  of their message (publishes the relay reported failed that arrived all the same);
 - relay_id_mismatches: a message whose AMQP message_id, outbox-message-id header and
   CloudEvents id disagree.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +42,10 @@ def check(info: dict[str, Any], received: list[Received], tmp: Path) -> dict[str
     from stress.models import Journal
 
     writes, calls = journal.load()
-    confirmed, failed = relay.outcomes(tmp)
-    journaled = Journal.objects.filter(ok=True).values_list("message_id", flat=True)
-    return rules(info, received, writes, calls, confirmed, failed, {str(i) for i in journaled})
+    confirmed, confirms, failed = relay.outcomes(tmp)
+    ok_calls = Journal.objects.filter(ok=True)
+    journaled = {str(i) for i in ok_calls.values_list("message_id", flat=True)}
+    return rules(info, received, writes, calls, (confirmed, confirms, failed), journaled)
 
 
 def rules(
@@ -50,13 +53,14 @@ def rules(
     received: list[Received],
     writes: list[Write],
     calls: list[Call],
-    confirmed: dict[str, float],
-    failed: dict[str, str],
+    reported: tuple[dict[str, float], Counter[str], dict[str, str]],
     journaled: set[str],
 ) -> dict[str, Any]:
     """The checks on what the consumer `received`, given what committed (`writes`), the
     journal (`calls`; `journaled`: the message ids of its successful calls) and what
-    the relay reported (`confirmed`: id -> when; `failed`: id -> error)."""
+    the relay reported (`relay.outcomes`: id -> first confirmed when, confirms per id,
+    id -> a failure)."""
+    confirmed, confirms, failed = reported
     firsts = _first_copies(received)
     committed = {(*w.group, w.seq) for w in writes}
     newest: dict[Group, int] = {}
@@ -64,7 +68,11 @@ def rules(
         newest[w.group] = max(newest.get(w.group, 0), w.seq)
     got = {(m.shard, m.category, m.obj, m.seq) for m in firsts}
     ids = {m.message_id for m in firsts}
-    unsettled = set(failed) | (ids - journaled)
+    # Copies beyond the broker's confirms: publishes reported failed that arrived (a
+    # confirm lost in a cut).
+    copies = Counter(m.message_id for m in received)
+    unconfirmed = {i: n - confirms[i] for i, n in copies.items() if n > confirms[i]}
+    unsettled = set(unconfirmed) | (ids - journaled)
     spans = order.tainted(info["faults"], journal.by_shard(calls), float(info["lease_seconds"]))
     violations, unverified = _order(firsts, writes, spans, confirmed, unsettled)
     return {
@@ -77,7 +85,7 @@ def rules(
         "relay_confirmed": len(confirmed),
         "relay_confirmed_missing": sum(1 for message_id in confirmed if message_id not in ids),
         "relay_failures_reported": len(failed),
-        "relay_failed_but_arrived": sum(1 for message_id in failed if message_id in ids),
+        "relay_arrived_unconfirmed": sum(unconfirmed.values()),
         "relay_group_regressions": _regressions(firsts),
         "relay_order_violations": violations,
         "relay_order_unverified": unverified,

@@ -22,6 +22,7 @@ import json
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -76,10 +77,11 @@ def connect() -> None:
     ).connect(StressScope.STRESS)
 
 
-def outcomes(tmp: Path) -> tuple[dict[str, float], dict[str, str]]:
-    """From a run's records: message id -> when the broker first confirmed it, and
-    message id -> the first failure reported for it."""
-    confirmed: dict[str, float] = {}
+def outcomes(tmp: Path) -> tuple[dict[str, float], Counter[str], dict[str, str]]:
+    """From a run's records: message id -> when the broker first confirmed it, how many
+    times it confirmed it, and the first failure reported for it."""
+    first: dict[str, float] = {}
+    confirms: Counter[str] = Counter()
     failed: dict[str, str] = {}
     for path in sorted(tmp.glob("relay-*.jsonl")):
         for text in path.read_text().splitlines():
@@ -88,7 +90,8 @@ def outcomes(tmp: Path) -> tuple[dict[str, float], dict[str, str]]:
             except ValueError:  # a line cut short by kill -9
                 continue
             for message_id in line["ok"]:
-                confirmed[message_id] = min(confirmed.get(message_id, line["at"]), line["at"])
+                first[message_id] = min(first.get(message_id, line["at"]), line["at"])
+                confirms[message_id] += 1
             for message_id, error in line["failed"].items():
                 failed.setdefault(message_id, error)
-    return confirmed, failed
+    return first, confirms, failed

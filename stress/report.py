@@ -90,8 +90,8 @@ RELAY_ROWS: list[Row] = [
         lambda r: _pair(r, "relay_confirmed", "relay_confirmed_missing"),
     ),
     (
-        "… reported failed (arrived all the same)",
-        lambda r: _pair(r, "relay_failures_reported", "relay_failed_but_arrived"),
+        "… reported failed (copies arrived unconfirmed)",
+        lambda r: _pair(r, "relay_failures_reported", "relay_arrived_unconfirmed"),
     ),
     ("… lost; phantoms", lambda r: f"{r['relay_lost']}; {r['relay_phantoms']}"),
     (

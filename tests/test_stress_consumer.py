@@ -2,6 +2,7 @@
 database or broker needed."""
 
 import threading
+from collections import Counter
 
 from stress.broker import Received, parse
 from stress.consumer import rules
@@ -31,10 +32,12 @@ def got(obj, seq, sseq, message_id=None):
 
 
 def check(writes, queue, failed=(), journaled=None, info=NO_FAULTS):
+    """`failed`: ids whose every publish the relay reported failed (none confirmed)."""
     ids = {m.message_id for m in queue}
     journaled = ids if journaled is None else journaled
     confirmed = {i: 1.0 for i in ids if i not in failed}
-    return rules(info, queue, writes, [], confirmed, dict.fromkeys(failed, "cut"), journaled)
+    reported = (confirmed, Counter(confirmed), dict.fromkeys(failed, "cut"))
+    return rules(info, queue, writes, [], reported, journaled)
 
 
 def test_a_clean_queue_passes_and_repeats_are_counted_not_failed():
@@ -59,7 +62,7 @@ def test_a_confirmed_message_missing_from_the_queue_is_counted():
     writes = [write(A, 1, 1)]
     queue = [got(A, 1, 1)]
     confirmed = {"70-1": 1.0, "lost-after-confirm": 1.0}
-    result = rules(NO_FAULTS, queue, writes, [], confirmed, {}, {"70-1"})
+    result = rules(NO_FAULTS, queue, writes, [], (confirmed, Counter(confirmed), {}), {"70-1"})
     assert result["relay_confirmed_missing"] == 1
 
 
@@ -87,7 +90,7 @@ def test_after_an_unsettled_message_its_group_may_pass_an_older_write():
     reported_failed = check(writes, queue, failed=["70-1"])
     assert reported_failed["relay_order_violations"] == 0
     assert reported_failed["relay_order_unverified"] == 1
-    assert reported_failed["relay_failed_but_arrived"] == 1
+    assert reported_failed["relay_arrived_unconfirmed"] == 1
     # The journaling receiver never succeeded for A1: unsettled too.
     not_journaled = check(writes, queue, journaled={"70-2", "72-1"})
     assert not_journaled["relay_order_unverified"] == 1
@@ -102,9 +105,9 @@ def test_near_a_drainer_fault_of_its_shard_the_order_is_unverified():
     # The killed drainer delivered on shard 7 at 0.5: B1, published at 1.5, is near it.
     kill = {"kind": "kill", "at": 2.0, "pid": 11}
     info = {"faults": [kill], "lease_seconds": 5.0}
-    result = rules(
-        info, queue, writes, [call(11, 0.5, "t1")], {"71-1": 1.5, "70-1": 3.0}, {}, {"71-1"}
-    )
+    confirmed = {"71-1": 1.5, "70-1": 3.0}
+    reported = (confirmed, Counter(confirmed), {})
+    result = rules(info, queue, writes, [call(11, 0.5, "t1")], reported, {"71-1"})
     assert result["relay_order_violations"] == 0
     assert result["relay_order_unverified"] == 1
 
@@ -132,3 +135,19 @@ def test_the_journaling_receiver_fails_after_the_relay_failed_on_its_thread():
     assert seen == [True]  # another thread's publish
     assert not published("m-1")
     assert published("m-1")  # read once: the retry's call is its own
+
+
+def test_a_message_reported_failed_then_confirmed_on_retry_is_settled():
+    # A1's first publish failed before the broker had it, its retry was confirmed: A1
+    # arrived once, confirmed once, so A2 passing C1 is a violation.
+    writes = [write(A, 1, 1), write(C, 1, 2), write(A, 2, 3)]
+    queue = [got(A, 1, 1), got(A, 2, 3), got(C, 1, 2)]
+    confirmed = {m.message_id: 1.0 for m in queue}
+    reported = (confirmed, Counter(confirmed), {"70-1": "refused"})
+    result = rules(NO_FAULTS, queue, writes, [], reported, set(confirmed))
+    assert result["relay_arrived_unconfirmed"] == 0
+    assert result["relay_order_violations"] == 1
+    # Twice in the queue, confirmed once: a copy arrived unconfirmed.
+    twice = rules(NO_FAULTS, [queue[0], *queue], writes, [], reported, set(confirmed))
+    assert twice["relay_arrived_unconfirmed"] == 1
+    assert twice["relay_order_unverified"] == 1
