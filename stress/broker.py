@@ -15,14 +15,49 @@ import contextlib
 import json
 import os
 import secrets
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.tcp_proxy import TcpProxy
+from tests.tcp_proxy import TcpProxy, _close
 
 CUT_SECONDS = 3.0  # how long a broker cut refuses connections
+HOLD_SECONDS = 1.0  # before it, the broker's replies held back (below the confirm timeout)
+
+
+class HoldingProxy(TcpProxy):
+    """The tests' TCP proxy, which can also hold back what the broker sends (`replies`
+    cleared): publishes still reach the broker, their confirms wait. A cut while they
+    wait drops them, so the relay reports failed what the queue took."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(host, port)
+        self.replies = threading.Event()
+        self.replies.set()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            from_broker = source.getpeername()[:2] == self.target
+        except OSError:
+            from_broker = False
+        if not from_broker:
+            super()._pump(source, sink)
+            return
+        try:
+            while chunk := source.recv(65536):
+                while not self.replies.wait(0.05):
+                    if sink.fileno() < 0:  # closed by a cut meanwhile: drop what is held
+                        raise OSError("cut")
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        with self._lock:
+            self._open.difference_update((source, sink))
+        _close(source)
+        _close(sink)
 
 
 @dataclass(frozen=True)
@@ -47,7 +82,7 @@ class Broker:
         self.host = os.environ.get("STRESS_AMQP_HOST", "127.0.0.1")
         self.port = int(os.environ.get("STRESS_AMQP_PORT", "5672"))
         self.name = f"outbox-stress-{secrets.token_hex(4)}"
-        self.proxy = TcpProxy(self.host, self.port)
+        self.proxy = HoldingProxy(self.host, self.port)
         self.cuts = 0
         self.declared = False
 
@@ -77,15 +112,25 @@ class Broker:
             "STRESS_AMQP_EXCHANGE": self.name,
         }
 
-    def cut(self, seconds: float = CUT_SECONDS) -> dict[str, Any]:
-        """Cut every connection through the proxy and refuse new ones for `seconds`."""
+    def cut(self, seconds: float = CUT_SECONDS, hold: float = HOLD_SECONDS) -> dict[str, Any]:
+        """Hold the broker's replies for `hold` seconds, then cut every connection through
+        the proxy (the replies held are dropped) and refuse new ones for `seconds`."""
         before = self.proxy.connections
+        self.proxy.replies.clear()
+        time.sleep(hold)
         started = time.time()
         self.proxy.stop()
+        self.proxy.replies.set()
         time.sleep(seconds)
         self.proxy.start()
         self.cuts += 1
-        return {"until": time.time(), "cut_s": round(time.time() - started, 2), "opened": before}
+        done = time.time()
+        return {
+            "cut_at": started,
+            "until": done,
+            "cut_s": round(done - started, 2),
+            "opened": before,
+        }
 
     def finish(self) -> list[Received]:
         """Stop the proxy, read the whole queue (saved as consumed.jsonl in the run's
