@@ -141,6 +141,8 @@ def problems(result: dict[str, Any]) -> list[str]:
     found = [f"{key} {result[key]}" for key in failing if result[key]]
     if not kinds and result["duplicates"]:
         found.append(f"duplicates {result['duplicates']} without faults")
+    if not kinds and result.get("relay_repeats"):
+        found.append(f"relay_repeats {result['relay_repeats']} without faults")
     if not result["drained"]:
         found.append(f"not drained: {result['left_in_outbox']} rows left")
     missing = [kind for kind in kinds if kind not in result["faults"]]
