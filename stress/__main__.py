@@ -55,6 +55,8 @@ def main() -> int:
     )
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     broker = Broker(tmp) if args.relay else None
+    if broker:
+        print(f"relay: exchange and queue {broker.name} on {broker.host}:{broker.port}", flush=True)
     try:
         info = runner.execute(plan, tmp, inject_faults=not args.no_faults, broker=broker)
     finally:  # the queue read back, and removed, whatever happened
