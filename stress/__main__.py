@@ -1,7 +1,7 @@
 """`python -m stress [--db postgres|mariadb] [--short] [--no-faults] [--messages N]
 [--faults KIND,...] [--fault-every S] [--write-seconds S] [--writers N] [--drainers N]
 [--prefill N] [--drain-after S] [--fault-backlog N] [--concurrency N] [--receiver-ms MS]
-[--effect-ms MS] [--name NAME]`: run, check, report.
+[--effect-ms MS] [--relay amqp] [--name NAME]`: run, check, report.
 
 Writes stress/results/<name>.json (one object per database, merged with earlier runs)
 and <name>.md; <name> is `latest` for a full run, `short` for --short, the fault kinds
@@ -9,7 +9,9 @@ and <name>.md; <name> is `latest` for a full run, `short` for --short, the fault
 overlapped, delivered without the lease or duplicated without a fault to explain it,
 when the inbox receiver applied a message twice or lost, invented or misnamed an effect,
 when a graceful stop missed one of its facts, or when a fault kind was never injected
-(see `stress/report.py`).
+(see `stress/report.py`). With `--relay amqp` (the relay leg) every message is also
+published through an AmqpRelay to a queue of the run's own, read back at the end and
+checked there (`stress/consumer.py`); the name gets `-relay-amqp`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def main() -> int:
     os.environ.setdefault("STRESS_DB_NAME", "outbox_stress")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stress.settings")
     _setup()
-    from stress import checker, db, report, runner
+    from stress import checker, consumer, db, report, runner
+    from stress.broker import Broker
 
     db.reset()
     plan = _plan(args)
@@ -46,13 +49,22 @@ def main() -> int:
         f"{plan.writers} writers over {plan.seconds:g} s, {plan.drainers} drainers x "
         f"{args.concurrency} slots (unsettled bound {_unsettled():g} s), "
         f"receivers waiting {args.receiver_ms:g} ms (inbox receiver {args.effect_ms:g} ms), "
-        f"faults {'none' if args.no_faults else ', '.join(plan.kinds)}; logs in {tmp}",
+        f"faults {'none' if args.no_faults else ', '.join(plan.kinds)}"
+        f"{f'; relay {args.relay}' if args.relay else ''}; logs in {tmp}",
         flush=True,
     )
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    info = runner.execute(plan, tmp, inject_faults=not args.no_faults)
+    broker = Broker(tmp) if args.relay else None
+    if broker:
+        print(f"relay: exchange and queue {broker.name} on {broker.host}:{broker.port}", flush=True)
+    try:
+        info = runner.execute(plan, tmp, inject_faults=not args.no_faults, broker=broker)
+    finally:  # the queue read back, and removed, whatever happened
+        received = broker.finish() if broker else None
     started = time.monotonic()
     result = checker.check(info)
+    if received is not None:
+        result.update(consumer.check(info, received, tmp))
     result.update(
         check_seconds=round(time.monotonic() - started, 1),
         load_average=load,
@@ -74,10 +86,12 @@ def main() -> int:
 
 def _plan(args: argparse.Namespace) -> Any:
     from stress import runner
+    from stress.faults import RELAY_KINDS
 
+    kinds = args.faults or (list(RELAY_KINDS) if args.relay else None)
     return (runner.SHORT if args.short else runner.FULL).but(
         args.messages,
-        args.faults,
+        kinds,
         args.fault_every,
         seconds=args.write_seconds,
         writers=args.writers,
@@ -102,6 +116,7 @@ def _shape(args: argparse.Namespace, plan: Any) -> dict[str, Any]:
         "receiver_ms": args.receiver_ms,
         "effect_ms": args.effect_ms,
         "fault_kinds": [] if args.no_faults else list(plan.kinds),
+        "relay": args.relay or "",
     }
 
 
@@ -133,27 +148,33 @@ def _arguments() -> argparse.Namespace:
         default=0.0,
         help="how long the inbox receiver waits inside its transaction (drainers)",
     )
+    parser.add_argument(
+        "--relay", choices=["amqp"], help="also publish through this relay, checked at its consumer"
+    )
     parser.add_argument("--name", help="results file name (default: from the options)")
     return parser.parse_args()
 
 
 def _kinds(text: str) -> list[str]:
-    from stress.faults import KINDS
+    from stress.faults import ALL_KINDS
 
     kinds = [kind.strip() for kind in text.split(",") if kind.strip()]
-    unknown = [kind for kind in kinds if kind not in KINDS]
+    unknown = [kind for kind in kinds if kind not in ALL_KINDS]
     if unknown or not kinds:
-        raise argparse.ArgumentTypeError(f"fault kinds are {', '.join(KINDS)}")
+        raise argparse.ArgumentTypeError(f"fault kinds are {', '.join(ALL_KINDS)}")
     return kinds
 
 
 def _name(args: argparse.Namespace) -> str:
     """`latest` (full), `short`; only some fault kinds: `kill` (full), `short-kill`; then
-    `-nofaults` without faults."""
+    `-relay-amqp` for the relay leg (`relay-amqp` for its full run), `-nofaults`
+    without faults."""
     name = "short" if args.short else "latest"
     if args.faults:
         kinds = "-".join(args.faults)
         name = f"short-{kinds}" if args.short else kinds
+    if args.relay:
+        name = f"relay-{args.relay}" if name == "latest" else f"{name}-relay-{args.relay}"
     return f"{name}-nofaults" if args.no_faults else name
 
 

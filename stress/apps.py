@@ -1,7 +1,10 @@
 """The stress Django app: connects the journaling receiver, the inbox receiver
-(`stress/inbox.py`) and the connection registry."""
+(`stress/inbox.py`), the relay of the relay leg (`stress/relay.py`, when the runner asks
+for it) and the connection registry."""
 
 from __future__ import annotations
+
+import os
 
 from django.apps import AppConfig
 
@@ -14,5 +17,9 @@ class StressConfig(AppConfig):
     def ready(self) -> None:
         from stress import inbox, receivers
 
-        receivers.connect()  # first: the journaling receiver runs before the inbox one
+        if os.environ.get("STRESS_RELAY"):  # the relay leg: the relay runs first
+            from stress import relay
+
+            relay.connect()
+        receivers.connect()  # the journaling receiver runs before the inbox one
         inbox.connect()

@@ -6,7 +6,9 @@
 - terminate: a drainer's connections killed server-side;
 - writer_kill: a writer SIGKILLed inside its open transaction;
 - graceful: SIGTERM to a drainer while its receiver is in flight (a `slow` call), then
-  the facts the checker asserts: when it exited, which leases it still held.
+  the facts the checker asserts: when it exited, which leases it still held;
+- broker_cut (the relay leg only): every connection to the broker cut at the runner's
+  proxy, and new ones refused, for a few seconds (`stress/broker.py`).
 """
 
 from __future__ import annotations
@@ -123,7 +125,17 @@ def graceful(run: Run, rng: random.Random, record: dict[str, Any]) -> None:
     run.restart(proc, cause="graceful")
 
 
-KINDS: dict[str, Callable[[Run, random.Random, dict[str, Any]], None]] = {
+def broker_cut(run: Run, rng: random.Random, record: dict[str, Any]) -> None:
+    if run.broker is None:
+        record["skipped"] = "no broker: a relay run only (--relay amqp)"
+        return
+    record.update(run.broker.cut())
+
+
+Fault = Callable[["Run", "random.Random", dict[str, Any]], None]
+
+# The kinds a run injects unless told otherwise.
+KINDS: dict[str, Fault] = {
     "fail": fail,
     "hang": hang,
     "kill": kill,
@@ -131,6 +143,11 @@ KINDS: dict[str, Callable[[Run, random.Random, dict[str, Any]], None]] = {
     "writer_kill": writer_kill,
     "graceful": graceful,
 }
+# Kinds of the relay leg only.
+BROKER_KINDS: dict[str, Fault] = {"broker_cut": broker_cut}
+ALL_KINDS: dict[str, Fault] = {**KINDS, **BROKER_KINDS}
+# The relay leg's kinds unless told otherwise: every kind, the broker cut among them.
+RELAY_KINDS = ("fail", "hang", "kill", "broker_cut", "terminate", "writer_kill", "graceful")
 
 
 def _busy_shard(run: Run, rng: random.Random) -> int:

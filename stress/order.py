@@ -15,9 +15,22 @@ from typing import Any
 from stress.journal import Call, Group, Write
 
 
+def anchor(fault: dict[str, Any], by_shard: dict[int, list[Call]]) -> float:
+    """When a fault took effect: a hang when its hung call started (the next call of
+    the shard in a drainer, which may come long after the fault was set up on an idle
+    shard); the others when injected."""
+    if fault["kind"] == "hang":
+        hung = [
+            c.start for c in by_shard.get(fault["shard"], []) if c.hung and c.start >= fault["at"]
+        ]
+        if hung:
+            return min(hung)
+    return float(fault["at"])
+
+
 def affected(fault: dict[str, Any], by_shard: dict[int, list[Call]], lease: float) -> set[int]:
     """Shards a drainer fault may have left with undeleted or in-flight deliveries."""
-    at = fault["at"]
+    at = anchor(fault, by_shard)
     if fault["kind"] == "hang":
         # The hung call and every shard its process held in that batch.
         pids = {c.pid for c in by_shard.get(fault["shard"], []) if c.hung}
@@ -39,8 +52,9 @@ def tainted(
 ) -> dict[int, list[tuple[float, float]]]:
     spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for fault in faults:
+        at = anchor(fault, by_shard)
         for shard in affected(fault, by_shard, lease):
-            spans[shard].append((fault["at"] - 3 * lease, fault["at"] + 6 * lease))
+            spans[shard].append((at - 3 * lease, at + 6 * lease))
     return spans
 
 

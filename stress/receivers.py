@@ -20,6 +20,7 @@ from django.db.backends.signals import connection_created
 from django.dispatch import Signal
 
 from outbox.signals import process_region_outbox
+from stress import handoff
 from stress.outboxes import StressCategory, StressScope
 
 PROCESS = os.environ.get("STRESS_PROCESS", "stress")
@@ -121,6 +122,7 @@ def receive(sender: Any, **kwargs: Any) -> None:
     obj = int(kwargs["object_identifier"])
     token, holder = _lease_of(shard)
     flags.refresh()
+    published = handoff.published(kwargs["message_id"])  # by the relay, in the relay leg
     call = Journal(
         shard=shard,
         category=int(sender),
@@ -131,7 +133,7 @@ def receive(sender: Any, **kwargs: Any) -> None:
         pid=os.getpid(),
         start=start,
         end=start,
-        ok=flags.fail.get(shard, 0.0) <= start,
+        ok=flags.fail.get(shard, 0.0) <= start and published,
         token=token,
         holder=holder,
         message_id=kwargs["message_id"],
@@ -142,6 +144,8 @@ def receive(sender: Any, **kwargs: Any) -> None:
             time.sleep(RECEIVER_SECONDS)  # a receiver that waits on another service
     call.end = time.time()
     call.save()
+    if not published:
+        raise ReceiverFailure(f"the relay failed to publish on shard {shard}")
     if not call.ok:
         raise ReceiverFailure(f"stress fault: shard {shard} fails for now")
 

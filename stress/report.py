@@ -79,6 +79,34 @@ ROWS: list[Row] = [
 ]
 
 
+# The relay leg's rows (`stress/consumer.py`), shown when a run has them.
+RELAY_ROWS: list[Row] = [
+    (
+        "relay: messages in the queue (repeats)",
+        lambda r: f"{r['relay_received']} ({r['relay_repeats']})",
+    ),
+    (
+        "… confirmed by the broker (missing from the queue)",
+        lambda r: _pair(r, "relay_confirmed", "relay_confirmed_missing"),
+    ),
+    (
+        "… reported failed (copies arrived unconfirmed)",
+        lambda r: _pair(r, "relay_failures_reported", "relay_arrived_unconfirmed"),
+    ),
+    ("… lost; phantoms", lambda r: f"{r['relay_lost']}; {r['relay_phantoms']}"),
+    (
+        "… order violations (unverified)",
+        lambda r: _pair(r, "relay_order_violations", "relay_order_unverified"),
+    ),
+    ("… group regressions; id mismatches", lambda r: _relay_errors(r)),
+    ("… broker cuts", lambda r: r["faults"].get("broker_cut", 0)),
+]
+
+
+def _relay_errors(r: dict[str, Any]) -> str:
+    return f"{r['relay_group_regressions']}; {r['relay_id_mismatches']}"
+
+
 def _effect_errors(r: dict[str, Any]) -> str:
     return f"{r['phantom_effects']}; {r['effect_id_mismatches']}"
 
@@ -95,15 +123,26 @@ FAILING = (
     "phantom_effects",
     "effect_id_mismatches",
 )
+RELAY_FAILING = (
+    "relay_lost",
+    "relay_phantoms",
+    "relay_confirmed_missing",
+    "relay_group_regressions",
+    "relay_order_violations",
+    "relay_id_mismatches",
+)
 
 
 def problems(result: dict[str, Any]) -> list[str]:
     """Why this run fails; empty when it passes. `fault_kinds`: those the run injects
     (none: a run without faults, where duplicates must be 0 too)."""
     kinds = result["fault_kinds"]
-    found = [f"{key} {result[key]}" for key in FAILING if result[key]]
+    failing = (*FAILING, *RELAY_FAILING) if "relay_received" in result else FAILING
+    found = [f"{key} {result[key]}" for key in failing if result[key]]
     if not kinds and result["duplicates"]:
         found.append(f"duplicates {result['duplicates']} without faults")
+    if not kinds and result.get("relay_repeats"):
+        found.append(f"relay_repeats {result['relay_repeats']} without faults")
     if not result["drained"]:
         found.append(f"not drained: {result['left_in_outbox']} rows left")
     missing = [kind for kind in kinds if kind not in result["faults"]]
@@ -124,7 +163,8 @@ def publish(name: str, database: str, result: dict[str, Any]) -> str:
     path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
     names = sorted(merged)
     lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for label, cell in ROWS:
+    relay = any("relay_received" in merged[n] for n in names)
+    for label, cell in [*ROWS, *RELAY_ROWS] if relay else ROWS:
         lines.append(f"| {label} | " + " | ".join(_cell(cell, merged[n]) for n in names) + " |")
     table = "\n".join(lines) + "\n"
     runs = "\n".join(f"- {n}: {merged[n].get('finished', '?')}" for n in names)

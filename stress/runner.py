@@ -102,6 +102,7 @@ class Run:
     restarts: list[dict[str, Any]] = field(default_factory=list)
     writers_done: set[int] = field(default_factory=set)
     writing_until: float = 0.0  # writers spread their messages until then (epoch)
+    broker: Any = None  # the relay leg's `stress.broker.Broker` (its proxy), or None
 
     @property
     def lease(self) -> float:
@@ -185,7 +186,7 @@ class Run:
     def inject(self, kind: str, rng: random.Random, backlog: int) -> None:
         """Inject one fault of this kind and record it (with the rows pending)."""
         record: dict[str, Any] = {"kind": kind, "at": time.time(), "backlog": backlog}
-        faults.KINDS[kind](self, rng, record)
+        faults.ALL_KINDS[kind](self, rng, record)
         self.faults.append(record)
         shown = {k: v for k, v in record.items() if k != "kind"}
         print(f"  fault {kind}: {json.dumps(shown)}", flush=True)
@@ -202,8 +203,11 @@ class Run:
                 proc.popen.wait(10)
 
 
-def execute(plan: Plan, tmp: Path, inject_faults: bool = True) -> dict[str, Any]:
-    """Run the plan; return what the checker needs besides the tables."""
+def execute(
+    plan: Plan, tmp: Path, inject_faults: bool = True, broker: Any = None
+) -> dict[str, Any]:
+    """Run the plan; return what the checker needs besides the tables. With `broker`
+    (the relay leg), every process publishes through its proxy."""
     from outbox.models import RegionOutbox
 
     env = {
@@ -212,7 +216,9 @@ def execute(plan: Plan, tmp: Path, inject_faults: bool = True) -> dict[str, Any]
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
-    run = Run(plan, tmp, env)
+    if broker is not None:
+        env.update(broker.start())
+    run = Run(plan, tmp, env, broker=broker)
     if plan.prefill:
         from stress.writer import prefill
 

@@ -141,3 +141,15 @@ def test_a_shard_with_nothing_due_after_the_stop_is_timed_from_its_next_write():
     assert round(checked["resume_s"], 3) == 0.1
     [checked] = check_stops([stop], calls[:1], later, lease=5.0)
     assert checked["problems"] == ["shard not resumed within a lease TTL"]
+
+
+def test_a_hang_taints_its_shard_from_when_the_hung_call_started():
+    # The hang was set up at 10.0 on an idle shard; its hung call came at 40.0. A call
+    # at 65.0 (past 10 + 6 leases, within 40 + 6 leases) is near the fault.
+    from stress.order import tainted
+
+    hung = call(11, 40.0, "t1", hung=True, end=52.0)
+    hang = {"kind": "hang", "at": 10.0, "shard": 7}
+    (span,) = tainted([hang], {7: [hung]}, 5.0)[7]
+    assert span[0] <= 65.0 <= span[1]
+    assert span[0] > 10.0
