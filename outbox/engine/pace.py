@@ -7,8 +7,9 @@ they are delivered again. Through a backlog a worker has two rounds unsettled at
 (the one it delivers, and the one settling behind it), so each is kept to half of
 `OUTBOX_UNSETTLED_SECONDS` when receivers wait (calls of `WAITING_CALL_SECONDS` or more):
 a drain claims the shards its slots deliver in that time, judged by its last batch, in
-whole rounds of its slots, within the row-count budget (`OUTBOX_BATCH_SHARDS`, `OUTBOX_BATCH_ROWS`). Receivers that
-return at once fill the budget long before, so for them a batch may take up to
+whole rounds of its slots, within the row-count budget (`OUTBOX_BATCH_SHARDS`,
+`OUTBOX_BATCH_ROWS`). Receivers that return at once fill the budget long before, so for
+them a batch may take up to
 `FAST_BATCH_SECONDS`, and the statements per message stay what they were. Windows are
 not shortened: a group is delivered with the newest row its window read, so a window
 cut short would deliver a group twice in one pass. A first claim, before the drain has
