@@ -29,6 +29,13 @@ redis = pytest.importorskip("redis")
 
 pytestmark = committing
 
+# The tests that start a worker run where the suite's other Celery tests run: its
+# process reaches the database only there (tests/test_celery.py).
+needs_worker = pytest.mark.skipif(
+    settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
+    reason="the Celery tests run on PostgreSQL",
+)
+
 
 @pytest.fixture(scope="module")
 def queue():
@@ -99,6 +106,7 @@ def make_due():
     RegionOutbox.objects.pending().update(scheduled_for=Now())
 
 
+@needs_worker
 def test_every_message_arrives_once_with_its_id_in_order_per_shard(app, queue, relayed, relays):
     task_relay(relays, Category.AUDIT_EVENT, app=app, queue=queue)
     rows = []
@@ -149,6 +157,7 @@ def test_every_message_arrives_once_with_its_id_in_order_per_shard(app, queue, r
     }
 
 
+@needs_worker
 def test_the_writers_headers_and_a_control_message_on_the_current_app(app, relayed, relays, queue):
     app.set_current()
     task_relay(relays, Category.USER_UPDATE, queue=queue)  # app=None: the current app
@@ -166,6 +175,7 @@ def test_the_writers_headers_and_a_control_message_on_the_current_app(app, relay
     assert call["task_id"] == str(row.message_id)
 
 
+@needs_worker
 def test_a_broker_that_refuses_fails_the_message_and_the_retry_keeps_its_id(
     app, queue, relayed, relays, calls
 ):
@@ -194,6 +204,7 @@ def test_a_broker_that_refuses_fails_the_message_and_the_retry_keeps_its_id(
     assert len(calls.calls) == 1
 
 
+@needs_worker
 def test_a_batch_stops_a_refused_shard_only(app, queue, relayed, relays):
     from outbox.relays import Message
     from tests.testapp.categories import Scope
