@@ -10,30 +10,25 @@ import secrets
 import sys
 import threading
 import time
-import uuid
 from collections import defaultdict
 
 import kombu
 import pytest
 from django.core.checks import run_checks
-from django.db import transaction
-from django.db.models.functions import Now
 
-from outbox import outbox_context
 from outbox.engine import drain_outboxes
 from outbox.exceptions import OutboxConfigurationError
-from outbox.models import RegionOutbox, ShardLease
-from outbox.relays import AmqpRelay, Message
+from outbox.models import RegionOutbox
+from outbox.relays import AmqpRelay
 from tests.conftest import committing
-from tests.factories import RegionOutboxFactory
+from tests.relay_helpers import TRACEPARENT, make_due, messages, write
 from tests.tcp_proxy import TcpProxy
-from tests.testapp.categories import Category, Scope
+from tests.testapp.categories import Category
 
 pytestmark = committing
 
 BROKER_PORT = 5672
 BROKER_URL = f"amqp://guest:guest@127.0.0.1:{BROKER_PORT}//"
-TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 class Broker:
@@ -110,41 +105,6 @@ def make_relay(broker):
     yield make
     for relay in made:
         relay.disconnect()
-
-
-def write(shards, per_shard, *, flush=False):
-    """`per_shard` AUDIT_EVENT rows in each of shards 1..`shards`, interleaved."""
-    with outbox_context(transaction.atomic(), flush=flush):
-        return [
-            RegionOutboxFactory(
-                shard_identifier=shard,
-                payload={"shard": shard, "n": n},
-                headers={"traceparent": TRACEPARENT},
-            )
-            for n in range(per_shard)
-            for shard in range(1, shards + 1)
-        ]
-
-
-def make_due():
-    """Skip the back-off: every shard and row due now."""
-    ShardLease.objects.update(expires_at=Now())
-    RegionOutbox.objects.pending().update(scheduled_for=Now())
-
-
-def messages(shards, per_shard, first_shard=1):
-    return [
-        Message(
-            message_id=uuid.uuid4(),
-            category=Category.AUDIT_EVENT,
-            scope=Scope.ORGANIZATION,
-            shard_identifier=shard,
-            object_identifier=n,
-            payload={"shard": shard, "n": n},
-        )
-        for n in range(per_shard)
-        for shard in range(first_shard, first_shard + shards)
-    ]
 
 
 def payload(message):

@@ -12,15 +12,15 @@ from collections import defaultdict
 import pytest
 from django.conf import settings
 from django.db import transaction
-from django.db.models.functions import Now
 
 from outbox import outbox_context
 from outbox.engine import drain_outboxes
 from outbox.exceptions import OutboxConfigurationError
-from outbox.models import ControlOutbox, RegionOutbox, ShardLease
+from outbox.models import ControlOutbox, RegionOutbox
 from outbox.relays import CeleryTaskRelay
 from tests.conftest import committing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory
+from tests.relay_helpers import make_due
 from tests.testapp.categories import Category
 from tests.workers import ROOT, celery_worker, wait_until
 
@@ -99,11 +99,6 @@ def task_relay(relays, *targets, **options):
     relay = CeleryTaskRelay(f"task-{uuid.uuid4().hex[:8]}", task="tests.relayed", **options)
     relays.append(relay)
     return relay.connect(*targets)
-
-
-def make_due():
-    ShardLease.objects.update(expires_at=Now())
-    RegionOutbox.objects.pending().update(scheduled_for=Now())
 
 
 @needs_worker

@@ -12,15 +12,15 @@ from datetime import datetime, timezone
 
 import pytest
 from django.db import transaction
-from django.db.models.functions import Now
 
 from outbox import outbox_context
 from outbox.engine import drain_outboxes
 from outbox.exceptions import OutboxConfigurationError, PermanentFailure
-from outbox.models import ControlOutbox, RegionOutbox, ShardLease
+from outbox.models import ControlOutbox, RegionOutbox
 from outbox.relays import KafkaRelay, Message
 from tests.conftest import committing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory
+from tests.relay_helpers import make_due
 from tests.testapp.categories import Category, Scope
 
 kafka = pytest.importorskip("confluent_kafka")
@@ -263,12 +263,6 @@ def test_an_unknown_topic_fails_the_attempt_and_the_row_stays_for_retry(
     [record] = cluster.records(f"{prefix}.audit_event", count=1)
     assert headers_of(record)["outbox-attempt"] == "2"
     assert len(calls.calls) == 1  # not called again on the retry
-
-
-def make_due():
-    """End the back-off now rather than waiting for it."""
-    ShardLease.objects.update(expires_at=Now())
-    RegionOutbox.objects.pending().update(scheduled_for=Now())
 
 
 def direct_messages(shards: int, per_shard: int, payload=lambda shard, n: {"n": n}):

@@ -7,29 +7,27 @@ import json
 import secrets
 import sys
 import threading
-import uuid
 from collections import defaultdict
 
 import pytest
 import redis
 from django.core.checks import run_checks
 from django.db import transaction
-from django.db.models.functions import Now
 
 from outbox import outbox_context
 from outbox.engine import drain_outboxes
 from outbox.exceptions import OutboxConfigurationError
-from outbox.models import RegionOutbox, ShardLease
-from outbox.relays import Message, RedisStreamRelay
+from outbox.models import RegionOutbox
+from outbox.relays import RedisStreamRelay
 from tests.conftest import committing
-from tests.factories import ControlOutboxFactory, RegionOutboxFactory
+from tests.factories import ControlOutboxFactory
+from tests.relay_helpers import TRACEPARENT, make_due, messages, write
 from tests.tcp_proxy import TcpProxy
-from tests.testapp.categories import Category, Scope
+from tests.testapp.categories import Category
 
 pytestmark = committing
 
 REDIS_PORT = 6379
-TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 @pytest.fixture
@@ -68,26 +66,6 @@ def make_relay(prefix):
     yield make
     for relay in made:
         relay.disconnect()
-
-
-def write(shards, per_shard, *, flush=False):
-    """`per_shard` AUDIT_EVENT rows in each of shards 1..`shards`, interleaved."""
-    with outbox_context(transaction.atomic(), flush=flush):
-        return [
-            RegionOutboxFactory(
-                shard_identifier=shard,
-                payload={"shard": shard, "n": n},
-                headers={"traceparent": TRACEPARENT},
-            )
-            for n in range(per_shard)
-            for shard in range(1, shards + 1)
-        ]
-
-
-def make_due():
-    """Skip the back-off: every shard and row due now."""
-    ShardLease.objects.update(expires_at=Now())
-    RegionOutbox.objects.pending().update(scheduled_for=Now())
 
 
 def entries(client, stream):
@@ -197,21 +175,6 @@ def test_approximate_maxlen_trims_whole_nodes_and_keeps_at_least_maxlen(make_rel
     relay = make_relay(maxlen=10)
     assert relay.publish(messages(shards=1, per_shard=400)) == {}
     assert 10 <= client.xlen(f"{prefix}.audit_event") < 400
-
-
-def messages(shards, per_shard, first_shard=1):
-    return [
-        Message(
-            message_id=uuid.uuid4(),
-            category=Category.AUDIT_EVENT,
-            scope=Scope.ORGANIZATION,
-            shard_identifier=shard,
-            object_identifier=n,
-            payload={"shard": shard, "n": n},
-        )
-        for n in range(per_shard)
-        for shard in range(first_shard, first_shard + shards)
-    ]
 
 
 def test_a_batch_stops_a_shard_at_its_first_failure_and_publishes_the_others(

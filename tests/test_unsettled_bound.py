@@ -44,6 +44,22 @@ def most_unsettled(calls, written, after):
     return lambda: max(seen[after:])
 
 
+def drained_claims(written):
+    """Drain everything `written`; the size of each claim that won shards, in order."""
+    claims = []
+
+    def claimed(sender, shards, **kwargs):
+        if shards:
+            claims.append(shards)
+
+    shards_claimed.connect(claimed)
+    try:
+        assert drain_outboxes().rows_retired == written
+    finally:
+        shards_claimed.disconnect(claimed)
+    return claims
+
+
 @pytest.mark.parametrize(("shards", "rows_each"), [(300, 1), (100, 3)])
 def test_a_backlog_holds_about_the_bound_of_delivered_work(calls, settings, shards, rows_each):
     settings.OUTBOX_CONCURRENCY = 1
@@ -63,17 +79,7 @@ def test_receivers_that_return_at_once_still_fill_whole_batches(calls, settings)
     # claim, hundreds of claims in all.
     settings.OUTBOX_UNSETTLED_SECONDS = 0.001
     written = backlog(1000)
-    claims = []
-
-    def claimed(sender, shards, **kwargs):
-        if shards:
-            claims.append(shards)
-
-    shards_claimed.connect(claimed)
-    try:
-        assert drain_outboxes().rows_retired == written
-    finally:
-        shards_claimed.disconnect(claimed)
+    claims = drained_claims(written)
     # 16 shards first, then full batches of 100 (or more where the backend widens them);
     # twice that leaves room for a machine too busy to keep a batch within a second.
     assert len(claims) <= 2 * (1 + -(-(written - 16) // 100)), claims
@@ -88,16 +94,6 @@ def test_receivers_that_wait_are_claimed_in_whole_rounds_of_the_slots(calls, set
     settings.OUTBOX_UNSETTLED_SECONDS = 0.25  # about 50 shards a claim at 20 ms a round
     written = backlog(400)
     calls.during_call = lambda sender, kwargs: time.sleep(0.02)
-    claims = []
-
-    def claimed(sender, shards, **kwargs):
-        if shards:
-            claims.append(shards)
-
-    shards_claimed.connect(claimed)
-    try:
-        assert drain_outboxes().rows_retired == written
-    finally:
-        shards_claimed.disconnect(claimed)
+    claims = drained_claims(written)
     assert len(claims) >= 3, claims
     assert all(size % 8 == 0 for size in claims[1:-1]), claims
