@@ -220,6 +220,29 @@ def test_a_waiter_wakes_on_a_commit_to_its_table_only():
         assert not waiter.wait(0.3)  # another table's write does not wake it
 
 
+@postgres_only
+def test_a_loop_that_hears_every_write_waits_right_after_a_round_that_delivered(settings):
+    """No second look before the wait: a write committed after a round's last claim
+    ends the wait at once, so each message costs the loop one round."""
+    settings.OUTBOX_LOOP_INTERVAL_SECONDS = 30.0
+    rounds = []
+    worker = DrainWorker([RegionOutbox], loop=True, on_round=lambda: rounds.append(1))
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        wait_until(lambda: rounds, timeout=30, message="no first round")
+        for n in range(3):
+            before = len(rounds)
+            write(n, shard=n)
+            wait_until(lambda: not RegionOutbox.objects.exists(), timeout=5)  # not 30 s
+            time.sleep(0.3)  # another round would have run by now
+            assert len(rounds) == before + 1
+    finally:
+        worker.request_stop()
+        runner.join(30)
+    assert not runner.is_alive()
+
+
 def test_a_stop_request_ends_an_idle_wait_at_once(settings):
     settings.OUTBOX_LOOP_INTERVAL_SECONDS = 30.0
     worker = DrainWorker(loop=True)

@@ -74,13 +74,14 @@ class Drainer:
         self._claims = Claims(self._batch, self.holder, scopes, identifiers)
         self._pace = Pace()
         self._claimed_again = False
+        self._woken = False  # looked at the backing-off shards in this drain
 
     def drain(self, *, deadline: float | None = None) -> DrainStats:
         """Deliver everything due now (and what becomes due meanwhile) until none is left."""
         self._refuse_open_transaction()
         stats = DrainStats()
         started = time.monotonic()
-        self._claims.wake()
+        self._woken = False
         behind = None
         if outbox_settings.SETTLE_IN_BACKGROUND and self.backend.settles_behind:
             behind = SettleBehind(self.backend, self.model, self.using)
@@ -129,8 +130,8 @@ class Drainer:
                     self._settle_behind(behind, pending, stats, claimed, ahead)
                     pending = None
                 if not lease.shards:
-                    if self._stragglers is not None and self._stragglers.waited(stats):
-                        continue  # claim again: shards may have been written meanwhile
+                    if self._claim_again(stats):
+                        continue
                     break
                 full_in_a_row = full_in_a_row + 1 if len(lease.shards) >= limit else 0
                 defer = behind is not None and full_in_a_row >= 2
@@ -152,6 +153,19 @@ class Drainer:
         ahead.close()  # a batch claimed ahead of a stop or a deadline is let go
         if behind is not None:
             behind.close(stats, pending)
+
+    def _claim_again(self, stats: DrainStats) -> bool:
+        """The due shards ran out: whether to claim again. Yes when stragglers landed
+        meanwhile (their shards may have been written to since), and, once per drain,
+        when backing-off shards that a new message reached were woken for one early
+        attempt: looked for here, not before the first claim, which a fresh message
+        waits for."""
+        if self._stragglers is not None and self._stragglers.waited(stats):
+            return True
+        if self._woken:
+            return False
+        self._woken = True
+        return bool(self._claims.wake())
 
     @property
     def _slot_count(self) -> int:

@@ -25,9 +25,11 @@ import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
+from django.db import router
+
 from outbox.backends.listener import ListenerLost, WakeListener
 from outbox.backends.select import listeners
-from outbox.models import OutboxBase
+from outbox.models import OutboxBase, outbox_models
 
 logger = logging.getLogger("outbox.engine")
 
@@ -69,6 +71,9 @@ class Waiter:
     ) -> None:
         self.stop = stop
         self.listeners: dict[str, WakeListener] = listeners(models, using) if listen else {}
+        self.databases = {
+            using or router.db_for_write(model) for model in models or outbox_models()
+        }
         self.connected: set[str] = set()
         self._retry_at = 0.0
         self._wake: tuple[socket.socket, socket.socket] | None = None
@@ -96,6 +101,14 @@ class Waiter:
             for end in self._wake:
                 end.close()
             self._wake = None
+
+    @property
+    def hears_every_write(self) -> bool:
+        """Whether a commit to any table of the loop ends the next wait: each of their
+        databases has a listener, connected. Then a round that delivered need not be
+        followed by another look before waiting: what was written after its last claim
+        is told."""
+        return self.databases == self.connected
 
     def wait(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds; True when woken by a notification or a

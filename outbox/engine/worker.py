@@ -260,7 +260,9 @@ class DrainWorker:
                     self.on_progress(total, time.monotonic() - started)
                 if not (cut_short and stats.shards) and not self.loop:
                     break
-                if not stats.shards:
+                # After a round that delivered, look again at once, unless every
+                # write since its last claim is told to the wait anyway.
+                if not stats.shards or (not cut_short and waiter.hears_every_write):
                     waiter.wait(outbox_settings.LOOP_INTERVAL_SECONDS)
         return total
 
