@@ -45,7 +45,7 @@ def markdown(result: dict[str, Any]) -> list[str]:
         "read; out of order: shards whose messages were read out of their order). Raw: "
         "the same messages (the same CloudEvents JSON and headers) published by a hand "
         "loop with the client alone, in batches of the mean batch ours published, "
-        "confirmed once per batch. Engine alone: the same rows drained the same way to "
+        "confirmed once per batch (webhooks: a request per message, below). Engine alone: the same rows drained the same way to "
         "a receiver that returns at once. Load average "
         f"{start:.2f} at the start, {end:.2f} at the end"
         + (f"; median of {rounds} rounds." if rounds > 1 else "."),
@@ -72,8 +72,9 @@ def _floors(relays: dict[str, Any]) -> list[str]:
     for relay in relays.values():
         if "skipped" in relay:
             continue
+        batches = "" if relay.get("ideal_per_s") else f", batches of {relay['raw_batch']}"
         line = (
-            f"- {relay['title']}: floor = {relay['floor']}, batches of {relay['raw_batch']}; "
+            f"- {relay['title']}: floor = {relay['floor']}{batches}; "
             f"ours published {_sizes(relay['batch_sizes'])}"
         )
         if relay.get("ideal_per_s"):

@@ -1,9 +1,10 @@
 """Webhooks in the relays section (`bench.relays`): a `WebhookRelay` POSTing to a local
 endpoint that answers after a fixed delay (`bench.relays_server`, in a process of its
 own), judged against the ideal: every slot's request in flight all the time,
-min(shards, concurrency) / delay. A raw httpx loop is measured beside it (each batch's
-requests sent at once on a pooled client, each signed as the relay signs), for
-reference only: the goal is the ideal's."""
+min(shards, concurrency) / delay. The client alone is measured beside it, for reference
+(the goal is the ideal's): `concurrency` threads, each POSTing the messages of its
+shards one after another on one shared urllib3 pool, each signed as the relay signs.
+It shows what the client and the endpoint cost on this machine without the engine."""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ DELAY_S = 0.005
 
 
 class CountingWebhookRelay(Counting, WebhookRelay):
-    pass
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self.batches.append(1)  # a request per message, sent by the slot that delivers it
+        super().__call__(*args, **kwargs)
 
 
 class Webhook:
     kind = "webhook"
-    floor = "httpx: each batch's POSTs at once on a pooled client (reference)"
 
     def __init__(self, concurrency: int) -> None:
         context = multiprocessing.get_context("spawn")
@@ -42,6 +44,7 @@ class Webhook:
         self.key = secrets.token_bytes(24)
         self.concurrency = concurrency
         self.title = f"webhooks, endpoint answering in 5 ms, concurrency {concurrency}"
+        self.floor = f"urllib3 alone: {concurrency} threads POSTing on one pool (reference)"
 
     def relay(self, name: str) -> CountingWebhookRelay:
         return CountingWebhookRelay(
@@ -64,36 +67,45 @@ class Webhook:
         httpx.delete(self.url + RECORDS, timeout=30)
 
     def raw(self, messages: list[RawMessage], size: int) -> float:
-        """Each batch's requests POSTed at once (one thread each) on one pooled client,
-        then the next batch. Seconds taken (the first request untimed)."""
-        import httpx
+        """`concurrency` threads, each POSTing its share of the shards' messages in
+        order, on one urllib3 pool (`size` is not used: the relay sends a request per
+        message). Seconds taken (the first request untimed)."""
+        import urllib3
 
-        unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        with (
-            httpx.Client(timeout=30, limits=unbounded) as client,
-            ThreadPoolExecutor(max(size, 1)) as pool,
-        ):
+        pool = urllib3.PoolManager(maxsize=self.concurrency, block=False)
+        lanes: list[list[RawMessage]] = [[] for _ in range(self.concurrency)]
+        for message in messages:
+            lanes[message.shard % self.concurrency].append(message)
 
-            def post(message: RawMessage) -> None:
-                message_id, body, headers = cloudevent(message)
-                stamp = str(int(time.time()))
-                signed = f"{message_id}.{stamp}.".encode() + body
-                signature = hmac.new(self.key, signed, hashlib.sha256).digest()
-                headers.update(
-                    {
-                        "content-type": "application/cloudevents+json",
-                        "webhook-id": message_id,
-                        "webhook-timestamp": stamp,
-                        "webhook-signature": "v1," + base64.b64encode(signature).decode(),
-                    }
-                )
-                client.post(self.url + "/hook", content=body, headers=headers).raise_for_status()
+        def post(message: RawMessage) -> None:
+            message_id, body, headers = cloudevent(message)
+            stamp = str(int(time.time()))
+            signed = f"{message_id}.{stamp}.".encode() + body
+            signature = hmac.new(self.key, signed, hashlib.sha256).digest()
+            headers.update(
+                {
+                    "content-type": "application/cloudevents+json",
+                    "webhook-id": message_id,
+                    "webhook-timestamp": stamp,
+                    "webhook-signature": "v1," + base64.b64encode(signature).decode(),
+                }
+            )
+            answer = pool.request("POST", self.url + "/hook", body=body, headers=headers)
+            if answer.status >= 300:
+                raise RuntimeError(f"the endpoint answered {answer.status}")
 
+        def run(lane: list[RawMessage]) -> None:
+            for message in lane:
+                post(message)
+
+        try:
             post(RawMessage(0, 0))
             started = time.perf_counter()
-            for batch in batches(messages, size):
-                list(pool.map(post, batch))
+            with ThreadPoolExecutor(self.concurrency) as threads:
+                list(threads.map(run, lanes))
             return time.perf_counter() - started
+        finally:
+            pool.clear()
 
     def close(self) -> None:
         self.server.terminate()

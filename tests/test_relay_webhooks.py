@@ -327,7 +327,20 @@ def test_a_refused_connection_fails_the_attempt(make_relay):
     make_relay(url="http://127.0.0.1:9/nothing-listens-here", timeout=2)
     write(shards=1, per_shard=1)
     assert drain_outboxes().failures == 1
-    assert "ConnectError" in RegionOutbox.objects.get().last_error
+    assert "failed to connect" in RegionOutbox.objects.get().last_error
+
+
+@committing
+@pytest.mark.parametrize("concurrency, in_flight", [(3, 3), (None, 8)])
+def test_the_drains_slots_post_at_once_up_to_the_relays_concurrency(
+    server, make_relay, concurrency, in_flight
+):
+    # Each slot thread POSTs the message it delivers; `concurrency` bounds them.
+    make_relay(concurrency=concurrency)
+    server.answer = lambda r: (200, {}, b"", 0.2)
+    write(shards=8, per_shard=1)
+    assert drain_outboxes(concurrency=8).failures == 0
+    assert len(server.received) == 8 and server.most_in_flight == in_flight
 
 
 # -- publish, a batch --------------------------------------------------------------------
@@ -491,12 +504,12 @@ def test_concurrency_must_be_a_whole_number(make_relay):
         make_relay(connect=False, concurrency=0)
 
 
-def test_without_httpx_the_relay_names_the_extra(monkeypatch):
+def test_without_urllib3_the_relay_names_the_extra(monkeypatch):
     import outbox.relays
     import outbox.relays.webhooks
 
     monkeypatch.setattr(outbox.relays, "webhooks", outbox.relays.webhooks)  # put back after
-    monkeypatch.setitem(sys.modules, "httpx", None)  # `import httpx` raises ImportError
+    monkeypatch.setitem(sys.modules, "urllib3", None)  # `import urllib3` raises ImportError
     monkeypatch.delitem(sys.modules, "outbox.relays.webhooks")
     module = importlib.import_module("outbox.relays.webhooks")
     with pytest.raises(ImportError, match=r'pip install "django-outboxes\[webhooks\]"') as caught:

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from django.core.checks import CheckMessage
 
@@ -39,7 +40,9 @@ from outbox.relays.http_rules import (
 from outbox.relays.signing import Secret, signature_headers, signing_keys
 
 try:
-    import httpx
+    import urllib3
+    from urllib3.exceptions import HTTPError, NewConnectionError
+    from urllib3.exceptions import TimeoutError as Timeout
 except ImportError as missing:  # the extra is not installed: said when a relay is made
     _MISSING: ImportError | None = missing
 else:
@@ -58,8 +61,10 @@ class WebhookRelay(Relay):
     `envelope`: ``"cloudevents"`` (structured), ``"cloudevents-binary"``, ``"bare"`` or an
     `Envelope`. `headers`: sent with every request (an ``Authorization``, say); the
     content type, the signature and the relay's own headers take precedence.
-    `concurrency`: how many of a batch's shards are POSTed at once (None:
-    ``OUTBOX_CONCURRENCY``). The relay keeps one pool of connections, shared by every
+    `concurrency`: the most requests in flight at once in this process (None: as many
+    as the drain's slot threads deliver at once; `publish` of a batch then POSTs up to
+    ``OUTBOX_CONCURRENCY`` shards at once). Each slot thread POSTs the message it
+    delivers itself. The relay keeps one pool of connections (urllib3), shared by every
     thread that calls it: a connection per request in flight, kept for the next.
     """
 
@@ -78,7 +83,7 @@ class WebhookRelay(Relay):
     ) -> None:
         if _MISSING is not None:
             raise RelayClientMissing(
-                "WebhookRelay needs httpx, which is not installed: "
+                "WebhookRelay needs urllib3, which is not installed: "
                 f'pip install "django-outboxes[{self.extra}]"'
             ) from _MISSING
         super().__init__(name, envelope=envelope)
@@ -97,8 +102,9 @@ class WebhookRelay(Relay):
         self._problems = self._configuration_problems(secret)
         self._target = "" if self._problems else shown_url(url)
         self._lock = threading.Lock()
-        self._http: httpx.Client | None = None
+        self._http: urllib3.PoolManager | None = None
         self._http_pid = 0
+        self._in_flight = threading.BoundedSemaphore(self.concurrency) if concurrency else None
 
     @property
     def concurrency(self) -> int:
@@ -134,6 +140,12 @@ class WebhookRelay(Relay):
 
     # -- publishing ---------------------------------------------------------------------
 
+    def __call__(self, signal: Any = None, sender: Any = None, **kwargs: Any) -> None:
+        """One request per message, sent by the thread that delivers it (a slot of the
+        drain): joining the calls of several slots into one publish would only hand
+        their requests to other threads."""
+        self._send(Message.from_receiver(sender, kwargs))
+
     def publish(self, messages: Sequence[Message]) -> Failures:
         """POST the messages, different shards at once (up to `concurrency` requests in
         flight), each shard's one at a time and in order, none after its first failure."""
@@ -153,35 +165,56 @@ class WebhookRelay(Relay):
         return skip_after_failure(messages, self._send)
 
     def _send(self, message: Message) -> None:
+        if self._in_flight is None:
+            self._post(message)
+            return
+        with self._in_flight:
+            self._post(message)
+
+    def _post(self, message: Message) -> None:
         if self._problems:
             raise OutboxConfigurationError(f"Relay {self.name!r}: {self._problems[0]}")
         body = self.envelope.body(message)
         headers = self._request_headers(message, body)
         try:
-            response = self._client().post(self.url, content=body, headers=headers)
-        except httpx.TimeoutException as error:
+            # A bytes value (UTF-8 text, `_utf8`) goes out as it is: typed str only.
+            response = self._client().request(
+                "POST",
+                self.url,
+                body=body,
+                headers=headers,  # type: ignore[arg-type]
+                retries=False,
+                redirect=False,
+            )
+        except NewConnectionError as error:  # refused, unreachable (a Timeout subclass)
+            raise WebhookError(
+                f"Relay {self.name!r}: POST {self._target} failed to connect: {error}"
+            ) from error
+        except Timeout as error:
             raise WebhookError(
                 f"Relay {self.name!r}: POST {self._target} timed out after "
                 f"{self.timeout:g} s ({type(error).__name__})."
             ) from error
-        except httpx.TransportError as error:
+        except HTTPError as error:  # the connection dropped, a malformed answer
             raise WebhookError(
                 f"Relay {self.name!r}: POST {self._target} failed: {type(error).__name__}: {error}"
             ) from error
         judge(
-            response.status_code,
-            response.reason_phrase,
-            response.text,
+            response.status,
+            response.reason or "",
+            response.data.decode("utf-8", "replace"),
             response.headers.get("retry-after"),
             f"Relay {self.name!r}: POST {self._target}",
         )
 
-    def _request_headers(self, message: Message, body: bytes) -> httpx.Headers:
-        headers = httpx.Headers()
+    def _request_headers(self, message: Message, body: bytes) -> dict[str, str | bytes]:
+        """The request's headers, by lower-case name (a later one replaces an earlier
+        one); text beyond ASCII is sent as UTF-8."""
+        headers: dict[str, str | bytes] = {"user-agent": USER_AGENT}
         for name, value in self.headers.items():
-            headers[name] = value.strip(" \t")
+            headers[name.lower()] = _utf8(value.strip(" \t"))
         for name, value in message.relay_headers().items():
-            headers[name] = writer_header_value(name, value)
+            headers[name.lower()] = _utf8(writer_header_value(name, value))
         for name, value in self.envelope.attributes(message).items():
             headers[f"ce-{name}"] = ce_header_value(value)
         headers["content-type"] = self.envelope.content_type
@@ -189,25 +222,20 @@ class WebhookRelay(Relay):
         headers.update(signature_headers(self._keys, str(message.message_id), sent_at, body))
         return headers
 
-    def _client(self) -> httpx.Client:
-        """The relay's pooled client, made on first use; a forked process makes its own,
-        never sharing its parent's connections."""
+    def _client(self) -> urllib3.PoolManager:
+        """The relay's pool of connections, made on first use; a forked process makes its
+        own, never sharing its parent's connections."""
         client = self._http
         if client is not None and self._http_pid == os.getpid():
             return client
         with self._lock:
             if self._http is None or self._http_pid != os.getpid():
-                # A connection per request in flight, all kept between requests: the
-                # pool grows to the relay's callers at once (the engine's slot threads,
-                # however many `--concurrency` starts, and a batch's workers). So no
-                # request waits for a connection and no idle one is closed as surplus:
-                # httpcore 1.0.9 may close a connection it has just handed to a waiting
-                # request (encode/httpcore#1110), failing it at its read timeout.
-                unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-                self._http = httpx.Client(
-                    timeout=httpx.Timeout(self.timeout),
-                    limits=unbounded,
-                    headers={"user-agent": USER_AGENT},
+                # Keeps a connection per request in flight (the engine's slot threads
+                # calling at once), made as needed and kept for the next request.
+                self._http = urllib3.PoolManager(
+                    maxsize=max(self.concurrency, outbox_settings.CONCURRENCY),
+                    block=False,
+                    timeout=urllib3.Timeout(connect=self.timeout, read=self.timeout),
                 )
                 self._http_pid = os.getpid()
             return self._http
@@ -216,4 +244,10 @@ class WebhookRelay(Relay):
         with self._lock:
             client, self._http = self._http, None
             if client is not None and self._http_pid == os.getpid():
-                client.close()
+                client.clear()
+
+
+def _utf8(value: str) -> str | bytes:
+    """A header value as sent: HTTP's own encoding would be Latin-1, so text beyond
+    ASCII goes as its UTF-8 bytes, which is what a server reading UTF-8 expects."""
+    return value if value.isascii() else value.encode()
