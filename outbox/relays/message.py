@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from typing import Any
 
 from outbox.categories import OutboxCategory, OutboxScope
@@ -45,7 +46,7 @@ class Message:
             using=kwargs.get("using", "default"),
         )
 
-    @property
+    @cached_property  # read several times per publish (waves, headers, a key)
     def shard_key(self) -> str:
         """The shard as one string, the same for every message of the shard:
         ``SCOPE:identifier`` (``:region`` added for a control outbox). Brokers that
