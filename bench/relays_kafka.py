@@ -1,8 +1,10 @@
 """Kafka in the relays section (`bench.relays`): a `KafkaRelay` against a raw producer
 loop (one flush per batch), both on librdkafka's mock cluster (`test.mock.num.brokers`),
 a Kafka protocol server on local ports that a client of the harness owns for the run.
-The relay and the raw loop each produce to a topic of their own; the cluster, and every
-topic on it, goes away with its owner at the end."""
+Each run of the relay and of the raw loop produces to a topic of its own, made with
+`PARTITIONS` partitions: a mock partition keeps only its last 5 MB (or 100,000 message
+sets) and drops older ones, so a run's messages need room across many. The cluster,
+and every topic on it, goes away with its owner at the end."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from bench.relays_common import Counting, RawMessage, batches, cloudevent, subje
 from outbox.relays.kafka import KafkaRelay
 
 BROKERS = 3
+PARTITIONS = 32  # 5 MB each on the mock: room for a full run's 100k messages
 TIMEOUT_S = 30.0
 
 
@@ -36,10 +39,20 @@ class Kafka:
         )
         brokers = self.owner.list_topics(timeout=10).brokers.values()
         self.bootstrap = ",".join(f"{broker.host}:{broker.port}" for broker in brokers)
-        self.topic = f"outbox-bench-relays-{secrets.token_hex(4)}"
-        self.raw_topic = f"{self.topic}-raw"
+        self.topic = self.raw_topic = ""
+
+    def _new_topic(self) -> str:
+        """A topic of its own for one run, with `PARTITIONS` partitions."""
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        topic = f"outbox-bench-relays-{secrets.token_hex(4)}"
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for made in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+            made.result(TIMEOUT_S)
+        return topic
 
     def relay(self, name: str) -> CountingKafkaRelay:
+        self.topic = self._new_topic()
         return CountingKafkaRelay(
             name, config={"bootstrap.servers": self.bootstrap}, topic=self.topic, timeout=TIMEOUT_S
         )
@@ -77,12 +90,13 @@ class Kafka:
             consumer.close()
 
     def clear(self) -> None:
-        """Nothing: each run has its own topic."""
+        """Nothing: each run has its own topics."""
 
     def raw(self, messages: list[RawMessage], size: int) -> float:
         """The raw floor: an idempotent producer with acks=all (as the relay's), each
         batch produced, then flushed once. Seconds taken (its first record, which makes
         the connections, untimed)."""
+        self.raw_topic = self._new_topic()
         producer = self.kafka.Producer(
             {"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True}
         )

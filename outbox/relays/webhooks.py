@@ -51,6 +51,8 @@ else:
 __all__ = ["WebhookError", "WebhookRelay"]
 
 USER_AGENT = "django-outboxes webhook relay"
+# Connections kept per host without a `concurrency`: more than any drain runs slots.
+_UNCAPPED_POOL = 1024
 
 
 class WebhookRelay(Relay):
@@ -92,7 +94,7 @@ class WebhookRelay(Relay):
         ):
             raise OutboxConfigurationError(
                 f"Relay {name!r}: concurrency must be a whole number of 1 or more (or None "
-                f"for OUTBOX_CONCURRENCY), not {concurrency!r}."
+                f"for no cap of its own), not {concurrency!r}."
             )
         self.url = url
         self.timeout = timeout
@@ -231,9 +233,10 @@ class WebhookRelay(Relay):
         with self._lock:
             if self._http is None or self._http_pid != os.getpid():
                 # Keeps a connection per request in flight (the engine's slot threads
-                # calling at once), made as needed and kept for the next request.
+                # calling at once), made as needed and kept for the next request; past
+                # `maxsize`, urllib3 would close the extra ones after use, with a warning.
                 self._http = urllib3.PoolManager(
-                    maxsize=max(self.concurrency, outbox_settings.CONCURRENCY),
+                    maxsize=self._concurrency or _UNCAPPED_POOL,
                     block=False,
                     timeout=urllib3.Timeout(connect=self.timeout, read=self.timeout),
                 )
