@@ -45,8 +45,9 @@ def markdown(result: dict[str, Any]) -> list[str]:
         "read; out of order: shards whose messages were read out of their order). Raw: "
         "the same messages (the same CloudEvents JSON and headers) published by a hand "
         "loop with the client alone, in batches of the mean batch ours published, "
-        "confirmed once per batch (webhooks: a request per message, below). Engine alone: the same rows drained the same way to "
-        "a receiver that returns at once. Load average "
+        "confirmed once per batch (webhooks: a request per message, below). Engine "
+        "alone: the same rows drained the same way to a receiver that returns at once. "
+        "Load average "
         f"{start:.2f} at the start, {end:.2f} at the end"
         + (f"; median of {rounds} rounds." if rounds > 1 else "."),
         "",

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bench.relays_common import Counting, RawMessage, batches, cloudevent
+from bench.relays_common import Counting, RawMessage, cloudevent
 from bench.relays_server import RECORDS, serve
 from outbox.relays.webhooks import WebhookRelay
 
