@@ -137,6 +137,7 @@ def _measure_one(target: Any, sizes: Any, log: Callable[[str], None]) -> dict[st
     of every run."""
     webhook = target.kind == "webhook"
     shards, per_shard = sizes.webhook if webhook else sizes.broker
+    per_shard = min(per_shard, getattr(target, "max_per_shard", per_shard))  # Kafka's mock
     concurrency = target.concurrency if webhook else CONCURRENCY
     runs = [
         _run(target, shards, per_shard, concurrency, sizes.budget_s) for _ in range(sizes.rounds)
