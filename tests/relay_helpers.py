@@ -35,8 +35,9 @@ def make_due():
     RegionOutbox.objects.pending().update(scheduled_for=Now())
 
 
-def messages(shards, per_shard, first_shard=1):
-    """Messages of `per_shard` AUDIT_EVENTs in each of `shards` shards, interleaved."""
+def messages(shards, per_shard, first_shard=1, payload=None):
+    """Messages of `per_shard` AUDIT_EVENTs in each of `shards` shards, interleaved (as
+    a batched engine hands them over); `payload(shard, n)` makes each payload."""
     return [
         Message(
             message_id=uuid.uuid4(),
@@ -44,7 +45,7 @@ def messages(shards, per_shard, first_shard=1):
             scope=Scope.ORGANIZATION,
             shard_identifier=shard,
             object_identifier=n,
-            payload={"shard": shard, "n": n},
+            payload=payload(shard, n) if payload else {"shard": shard, "n": n},
         )
         for n in range(per_shard)
         for shard in range(first_shard, first_shard + shards)

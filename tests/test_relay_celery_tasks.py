@@ -21,6 +21,7 @@ from outbox.relays import CeleryTaskRelay
 from tests.conftest import committing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory
 from tests.relay_helpers import make_due
+from tests.relay_helpers import messages as relay_messages
 from tests.testapp.categories import Category
 from tests.workers import ROOT, celery_worker, wait_until
 
@@ -201,23 +202,12 @@ def test_a_broker_that_refuses_fails_the_message_and_the_retry_keeps_its_id(
 
 @needs_worker
 def test_a_batch_stops_a_refused_shard_only(app, queue, relayed, relays):
-    from outbox.relays import Message
-    from tests.testapp.categories import Scope
 
     relay = CeleryTaskRelay("batch", task="tests.relayed", app=app, queue=queue)
-    messages = [
-        Message(
-            message_id=uuid.uuid4(),
-            category=Category.AUDIT_EVENT,
-            scope=Scope.ORGANIZATION,
-            shard_identifier=shard,
-            object_identifier=n,
-            # A payload Celery's JSON serializer refuses stops shard 1 at its second.
-            payload=object() if (shard, n) == (1, 1) else {"n": n},
-        )
-        for n in range(3)
-        for shard in range(3)
-    ]
+    # A payload Celery's JSON serializer refuses stops shard 1 at its second.
+    messages = relay_messages(
+        3, 3, first_shard=0, payload=lambda shard, n: object() if (shard, n) == (1, 1) else {"n": n}
+    )
     failed = relay.publish(messages)
     refused = [m.message_id for m in messages if m.shard_identifier == 1 and m.object_identifier]
     assert set(failed) == set(refused)

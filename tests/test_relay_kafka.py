@@ -20,7 +20,7 @@ from outbox.models import ControlOutbox, RegionOutbox
 from outbox.relays import KafkaRelay, Message
 from tests.conftest import committing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory
-from tests.relay_helpers import make_due
+from tests.relay_helpers import make_due, messages
 from tests.testapp.categories import Category, Scope
 
 kafka = pytest.importorskip("confluent_kafka")
@@ -267,18 +267,7 @@ def test_an_unknown_topic_fails_the_attempt_and_the_row_stays_for_retry(
 
 def direct_messages(shards: int, per_shard: int, payload=lambda shard, n: {"n": n}):
     """Messages as a batched engine would hand them over: shard by shard interleaved."""
-    return [
-        Message(
-            message_id=uuid.uuid4(),
-            category=Category.AUDIT_EVENT,
-            scope=Scope.ORGANIZATION,
-            shard_identifier=shard,
-            object_identifier=n,
-            payload=payload(shard, n),
-        )
-        for n in range(per_shard)
-        for shard in range(shards)
-    ]
+    return messages(shards, per_shard, first_shard=0, payload=payload)
 
 
 def test_a_batch_stops_a_shard_at_its_first_refused_message(make_relay, cluster, prefix):

@@ -14,6 +14,7 @@ connection error is an ordinary failure, retried with back-off.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -167,10 +168,7 @@ class WebhookRelay(Relay):
         return skip_after_failure(messages, self._send)
 
     def _send(self, message: Message) -> None:
-        if self._in_flight is None:
-            self._post(message)
-            return
-        with self._in_flight:
+        with self._in_flight or contextlib.nullcontext():
             self._post(message)
 
     def _post(self, message: Message) -> None:
