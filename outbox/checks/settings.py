@@ -8,6 +8,7 @@
 - E016: ``OUTBOX_BACKOFF_MAX_SECONDS`` below ``OUTBOX_BACKOFF_BASE_SECONDS``.
 - E017: ``OUTBOX_CELERY_TIME_LIMIT_SECONDS`` not above ``OUTBOX_TASK_SECONDS``.
 - E020: ``OUTBOX_RETRY_POLICY`` does not import or is no ``RetryPolicy`` subclass.
+- E024: ``OUTBOX_WRITER_HEADERS_ALLOWED`` names a header that is no credential.
 
 E018 (``OUTBOX_METRICS`` names an adapter that cannot be loaded) is with the checks of
 what the project plugs in (`outbox.checks.declarations`).
@@ -29,6 +30,7 @@ from django.utils.module_loading import import_string
 
 from outbox.conf import PREFIX, SETTINGS, outbox_settings
 from outbox.exceptions import OutboxConfigurationError
+from outbox.headers import CREDENTIALS
 from outbox.retry import load_policy
 
 # Django's default queues of a Tasks backend without QUEUES (DEFAULT_TASK_QUEUE_NAME).
@@ -49,6 +51,7 @@ def check_settings(
         *_backoff(values),
         *_celery_time_limit(values),
         *_retry_policy(values),
+        *_writer_headers_allowed(values),
     ]
 
 
@@ -189,3 +192,17 @@ def _retry_policy(values: dict[str, Any]) -> Iterator[Error]:
         "outbox.retry.RetryPolicy, or remove it for the default 'outbox.retry.RetryPolicy'.",
         id="outbox.E020",
     )
+
+
+def _writer_headers_allowed(values: dict[str, Any]) -> Iterator[Error]:
+    """outbox.E024: only credentials can be handed to writers; the other reserved names
+    frame a request or steer a Celery worker whatever the project wants."""
+    names = values.get("WRITER_HEADERS_ALLOWED") or []
+    refused = sorted({name for name in names if name.lower() not in CREDENTIALS})
+    if refused:
+        yield Error(
+            f"OUTBOX_WRITER_HEADERS_ALLOWED lists {refused}, which a writer can never set.",
+            hint=f"List only {sorted(CREDENTIALS)}: the other reserved headers frame HTTP "
+            "requests or steer Celery workers (see the Security page of the docs).",
+            id="outbox.E024",
+        )

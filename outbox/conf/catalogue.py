@@ -113,6 +113,13 @@ class OutboxSettings:
         "UTF-8 bytes of its names and values together; 0: no limit.",
         at_least=0,
     )
+    WRITER_HEADERS_ALLOWED: Setting[list[str]] = Setting(
+        [],
+        "Credential headers a writer may set on a message (`authorization`, "
+        "`proxy-authorization`), which are otherwise reserved for the relays; a relay's "
+        "own credentials still win. No other reserved name can be allowed.",
+        blank=True,
+    )
     DEFER_WRITES: Setting[bool] = Setting(
         False,
         "Opt-in: hold the outbox rows saved inside an `outbox_context` that opens the "

@@ -18,6 +18,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.exceptions import InvalidOutboxMessage
+from outbox.headers import allowed_credentials, check_writer_header, control_character
 
 if TYPE_CHECKING:
     from outbox.models.outbox import OutboxBase
@@ -79,12 +80,19 @@ def _check_integer(row: OutboxBase, field: str, low: int, high: int) -> None:
 
 
 def _check_text(row: OutboxBase, field: str) -> None:
-    """Text shard columns (region_name): no NUL, no lone surrogates, on any database."""
+    """Text shard columns (region_name): no control character (it travels in the
+    relays' ``outbox-shard`` header), no lone surrogates, on any database."""
     value = getattr(row, field)
     if not isinstance(value, str):
         return  # integer columns are checked above
     if "\x00" in value:
         raise InvalidOutboxMessage(f"{field} {value!r} contains a NUL character.")
+    character = control_character(value)
+    if character is not None:
+        raise InvalidOutboxMessage(
+            f"{field} {value!r} contains a control character ({character!r}): it is sent "
+            "in the relays' outbox-shard header, which cannot carry it."
+        )
     try:
         value.encode()
     except UnicodeEncodeError:
@@ -95,12 +103,13 @@ def _check_text(row: OutboxBase, field: str) -> None:
 
 def _check_headers(headers: object) -> None:
     """Headers are a flat dict of text to text, small enough to travel as a broker's
-    or an HTTP request's headers; the same text rules as region_name."""
+    or an HTTP request's headers, and none a transport reserves (`outbox.headers`)."""
     if not isinstance(headers, dict):
         raise InvalidOutboxMessage(
             f"headers must be a dict of str to str (or None), got {type(headers).__name__}."
         )
     size = 0
+    allowed = allowed_credentials()
     for name, value in headers.items():
         if not isinstance(name, str) or not name:
             raise InvalidOutboxMessage(f"header name {name!r} is not a non-empty str.")
@@ -118,6 +127,7 @@ def _check_headers(headers: object) -> None:
                 raise InvalidOutboxMessage(
                     f"header {name!r} is not valid Unicode (it has a lone surrogate)."
                 ) from None
+        check_writer_header(name, value, allowed)
     limit = outbox_settings.MAX_HEADERS_BYTES
     if limit and size > limit:
         raise InvalidOutboxMessage(

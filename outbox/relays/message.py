@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import Any
 
 from outbox.categories import OutboxCategory, OutboxScope
+from outbox.headers import writer_headers
 
 __all__ = ["Message"]
 
@@ -65,13 +66,14 @@ class Message:
     def relay_headers(self) -> dict[str, str]:
         """The headers every relay sends, whatever the envelope: the message id, its
         category, shard and attempt, then the writer's headers (trace context among
-        them: ``traceparent``, ``tracestate``)."""
+        them: ``traceparent``, ``tracestate``) but those `outbox.headers` reserves,
+        which a row written before the rule may hold."""
         return {
             "outbox-message-id": str(self.message_id),
             "outbox-category": self.category.name,
             "outbox-shard": self.shard_key,
             "outbox-attempt": str(self.attempt),
-            **self.headers,
+            **writer_headers(self.headers),
         }
 
 
