@@ -147,6 +147,27 @@ def test_scopes_and_categories_show_by_name_in_columns_and_filters(admin_client)
     assert b'field-scope">USER<' in control.content
 
 
+@pytest.mark.parametrize(
+    ("changelist", "parameter"),
+    [
+        (CHANGELIST, "shard_scope"),
+        (CHANGELIST, "category"),
+        ("admin:outbox_controloutbox_changelist", "shard_scope"),
+        ("admin:outbox_shardlease_changelist", "shard_scope"),
+    ],
+)
+def test_a_filter_value_that_is_no_ascii_integer_is_a_bad_lookup_not_an_error(
+    admin_client, changelist, parameter
+):
+    failed(3)
+    url = reverse(changelist)
+    # "²" passes str.isdigit() and int() refuses it; int() reads "٣" as 3.
+    for value in ("²", "٣", "--3", "3 ", "junk", "1" * 5000):
+        response = admin_client.get(url, {parameter: value})
+        assert (response.status_code, response["Location"]) == (302, f"{url}?e=1"), value
+    assert admin_client.get(url, {parameter: "-0"}).status_code == 200
+
+
 def test_retry_per_message_group_and_shard(admin_client):
     target = failed(3, object_identifier=1)
     same_group = failed(3, object_identifier=1)

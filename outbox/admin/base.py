@@ -1,4 +1,5 @@
-"""What every outbox admin shares: who may act, and the admin log of what was done."""
+"""What every outbox admin shares: who may act (permissions checked per outbox model),
+and the admin log of what was done."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth import get_permission_codename
 from django.contrib.contenttypes.models import ContentType
+from django.db.models import Model
 from django.http import HttpRequest
 
 from outbox.admin.bulk import MAX_KEYS, Outcome
@@ -18,6 +20,21 @@ def labelled(lookup: dict[int, Any], value: int) -> str:
     (0)`; a value no enum declares (any more) as its number with a note."""
     member = lookup.get(value) if isinstance(value, int) else None
     return f"{member.name} ({value})" if member is not None else f"{value} (not declared)"
+
+
+def has_model_permission(request: HttpRequest, action: str, model: type[Model]) -> bool:
+    """Whether the user has Django's `action` permission ("view", "change", "delete") on
+    `model`: each outbox table's rows are shown and acted on under that table's own
+    permissions, whichever admin page shows them."""
+    opts = model._meta
+    return request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+
+
+def may_view(request: HttpRequest, model: type[Model]) -> bool:
+    """Django's view permission on `model`: its view or its change permission."""
+    return has_model_permission(request, "view", model) or has_model_permission(
+        request, "change", model
+    )
 
 
 class OperatorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -62,8 +79,7 @@ class OperatorAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return self._has_model_permission(request, "delete")
 
     def _has_model_permission(self, request: HttpRequest, action: str) -> bool:
-        codename = get_permission_codename(action, self.opts)
-        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+        return has_model_permission(request, action, self.model)
 
     def report(self, request: HttpRequest, did: str, outcome: Outcome, *, deleted: bool) -> None:
         """Tell the operator what an action did, and write it to the admin log."""

@@ -2,19 +2,22 @@
 the shards' lease states (held, backing off, retry due, expired: only the last one
 stuck), failing rows and dead letters.
 
-All figures come from `outbox.health.snapshot.table_status` (what `manage.py outbox_status`
-reports: a fixed number of aggregate queries per table, lease states read through
-`ShardLease.objects`); this module only shapes them for the template.
+The page shows only the tables the user may view (the view or change permission on that
+outbox model: `outbox.admin.leases.viewable_outboxes`). All figures come from
+`outbox.health.snapshot.table_status` (what `manage.py outbox_status` reports: a fixed
+number of aggregate queries per table, lease states read through `ShardLease.objects`);
+this module only shapes them for the template.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from outbox.categories import registry
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.health.snapshot import table_status
-from outbox.models import OutboxBase, outbox_models
+from outbox.models import OutboxBase
 
 # Dashboard column: key in a table_status scope entry.
 SCOPE_COLUMNS = {
@@ -29,8 +32,9 @@ SCOPE_COLUMNS = {
 }
 
 
-def dashboard_tables() -> list[dict[str, Any]]:
-    return [table_figures(model) for model in outbox_models()]
+def dashboard_tables(models: Iterable[type[OutboxBase]]) -> list[dict[str, Any]]:
+    """The figures of each table of `models`, in that order."""
+    return [table_figures(model) for model in models]
 
 
 def table_figures(model: type[OutboxBase]) -> dict[str, Any]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, cast
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -27,6 +29,19 @@ LEASE_STATE_METHODS = {
     "expired": "abandoned",
 }
 
+# An integer filter value in ASCII digits, at most as many as a 64-bit column holds:
+# str.isdigit() also takes "²", which int() refuses, and int() takes "٣" (Arabic-Indic).
+INTEGER_VALUE = re.compile(r"-?[0-9]{1,19}")
+
+
+def integer_value(value: str) -> int:
+    """The integer a filter value spells; anything else raises IncorrectLookupParameters,
+    which the change list answers as it does any bad lookup: it redirects to itself
+    with `?e=1`."""
+    if INTEGER_VALUE.fullmatch(value) is None:
+        raise IncorrectLookupParameters(f"{value[:30]!r} is not an integer")
+    return int(value)
+
 
 def name_of(lookup: dict[int, Any], value: int) -> str:
     """The declared name of a stored scope or category; the integer if undeclared."""
@@ -47,9 +62,9 @@ class _IntegerChoiceFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        if value is None or not value.lstrip("-").isdigit():
+        if value is None:
             return queryset
-        selected: QuerySet[Any] = queryset.filter(**{self.field: int(value)})
+        selected: QuerySet[Any] = queryset.filter(**{self.field: integer_value(value)})
         return selected
 
 

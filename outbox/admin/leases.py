@@ -5,21 +5,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin import AdminSite
 from django.core.exceptions import PermissionDenied
-from django.db.models import Exists, Model, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 import outbox.admin.bulk as bulk
 from outbox.admin.audit import WITH_SHARD, Audit
-from outbox.admin.base import OperatorAdmin
+from outbox.admin.base import OperatorAdmin, has_model_permission, may_view
 from outbox.admin.dashboard import dashboard_tables
 from outbox.admin.filters import LEASE_STATES, LeaseStateFilter, ScopeFilter, name_of
 from outbox.categories import registry
-from outbox.models import ShardLease, ShardLeaseQuerySet, outbox_models
+from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet, outbox_models
 
 DASHBOARD_URL_NAME = "outbox_dashboard"
 
@@ -28,7 +29,12 @@ DASHBOARD_URL_NAME = "outbox_dashboard"
 class ShardLeaseAdmin(OperatorAdmin):
     """Shards being drained (with a holder), shards backing off after a failure or whose
     back-off is over (retry due, waiting for a drain), and leases a worker left to expire
-    (expired: stuck); the dashboard page of all outbox tables hangs off this admin's URLs."""
+    (expired: stuck); the dashboard page of the outbox tables hangs off this admin's URLs.
+
+    Retrying shards makes their messages due now: besides the action's own permission
+    (the lease's change permission) it needs the change permission of every outbox
+    table among the selected shards, and the dashboard shows only the tables the user
+    may view."""
 
     list_display = [
         "outbox",
@@ -75,6 +81,10 @@ class ShardLeaseAdmin(OperatorAdmin):
         description="Retry the selected shards now (lift their back-off)", permissions=["retry"]
     )
     def lift_backoff(self, request: HttpRequest, queryset: ShardLeaseQuerySet) -> None:
+        refused = tables_not_changeable(request, queryset)
+        if refused:
+            self.message_user(request, refusal(refused), messages.ERROR)
+            return
         selected, due = queryset.count(), queryset.retry_due().count()
         outcome = bulk.retry_leases(queryset.order_by(), Audit(request.user.pk, WITH_SHARD))
         held, lifted = outcome.held_shards, outcome.lifted
@@ -110,26 +120,49 @@ class ShardLeaseAdmin(OperatorAdmin):
         return [dashboard, *super().get_urls()]
 
     def dashboard_view(self, request: HttpRequest) -> TemplateResponse:
-        if not can_view_dashboard(request):
+        tables = viewable_outboxes(request)
+        if not tables:
             raise PermissionDenied
         context = {
             **self.admin_site.each_context(request),
             "title": "Outbox dashboard",
             "opts": self.model._meta,
-            "tables": dashboard_tables(),
+            "tables": dashboard_tables(tables),
             "lease_changelist": reverse(f"{self.admin_site.name}:outbox_shardlease_changelist"),
         }
         return TemplateResponse(request, "admin/outbox/dashboard.html", context)
 
 
-def can_view_dashboard(request: HttpRequest) -> bool:
-    """Staff who may view the leases or any outbox table may view the dashboard."""
-    models: list[type[Model]] = [ShardLease, *outbox_models()]
-    return any(
-        request.user.has_perm(f"{model._meta.app_label}.view_{model._meta.model_name}")
-        or request.user.has_perm(f"{model._meta.app_label}.change_{model._meta.model_name}")
-        for model in models
+def tables_not_changeable(request: HttpRequest, leases: ShardLeaseQuerySet) -> list[str]:
+    """The outbox tables of `leases` (their labels, as the lease list shows them) whose
+    messages the user may not change."""
+    labels = leases.order_by().values_list("outbox", flat=True).distinct()
+    return sorted(
+        label
+        for label in labels
+        if not has_model_permission(request, "change", apps.get_model(label))
     )
+
+
+def refusal(labels: list[str]) -> str:
+    """Why a retry of shards did nothing: the whole selection is refused, as Django's
+    "delete selected" is when some of what it would delete is not the user's to delete."""
+    return (
+        f"Nothing was retried: you may not change the messages of {', '.join(labels)}, "
+        "and retrying a shard makes its messages due now. Select only the shards of "
+        "tables you may change (filter by outbox) and run the action again."
+    )
+
+
+def viewable_outboxes(request: HttpRequest) -> list[type[OutboxBase]]:
+    """The outbox tables the user may view (the view or change permission on that model):
+    the only ones whose figures, worst shards and errors the dashboard shows."""
+    return [model for model in outbox_models() if may_view(request, model)]
+
+
+def can_view_dashboard(request: HttpRequest) -> bool:
+    """Staff who may view an outbox table may view the dashboard (of those tables)."""
+    return bool(viewable_outboxes(request))
 
 
 def link_dashboard(site: AdminSite) -> None:
