@@ -30,11 +30,13 @@ from outbox.exceptions import InvalidOutboxMessage
 
 __all__ = [
     "CREDENTIALS",
+    "HTTP_FRAMING",
     "RELAY_PREFIX",
     "RESERVED",
     "allowed_credentials",
     "check_writer_header",
     "control_character",
+    "is_token",
     "reserved_because",
     "writer_headers",
 ]
@@ -42,7 +44,7 @@ __all__ = [
 RELAY_PREFIX = "outbox-"
 
 # HTTP: a writer's value would change how the request is framed or routed.
-_HTTP = frozenset(
+HTTP_FRAMING = frozenset(
     {
         "connection",
         "content-length",
@@ -100,13 +102,18 @@ _CELERY = frozenset(
     }
 )
 RESERVED: Mapping[str, str] = {
-    **dict.fromkeys(_HTTP, "HTTP gives it a meaning of its own"),
+    **dict.fromkeys(HTTP_FRAMING, "HTTP gives it a meaning of its own"),
     **dict.fromkeys(CREDENTIALS, "a relay's credentials are its own"),
     **dict.fromkeys(_CELERY, "Celery reads it as a protocol header of the task message"),
 }
 
 _TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def is_token(name: str) -> bool:
+    """Whether `name` is an HTTP token, as every header name must be."""
+    return _TOKEN.fullmatch(name) is not None
 
 
 def control_character(text: str) -> str | None:
@@ -134,7 +141,7 @@ def reserved_because(name: str, allowed: frozenset[str]) -> str | None:
 def check_writer_header(name: str, value: str, allowed: frozenset[str]) -> None:
     """Raise InvalidOutboxMessage, naming the header and the rule, if a writer may not
     set header `name` to `value`; `allowed`: as for `reserved_because`."""
-    if not _TOKEN.fullmatch(name):
+    if not is_token(name):
         raise InvalidOutboxMessage(
             f"header name {name!r} is not an HTTP token: use letters, digits and "
             "!#$%&'*+-.^_`|~ only (no spaces, colons or control characters)."
@@ -162,7 +169,7 @@ def writer_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {
         name: value
         for name, value in headers.items()
-        if _TOKEN.fullmatch(name)
+        if is_token(name)
         and reserved_because(name, allowed) is None
         and control_character(value) is None
     }

@@ -481,7 +481,7 @@ def test_check_reports_what_is_wrong(make_relay):
     errors = relay.check()
     texts = [error.msg for error in errors]
     assert {error.id for error in errors} == {"outbox.E023"} and len(texts) == 3
-    assert any("secret does not decode" in text for text in texts)
+    assert any("secret #1 does not decode" in text for text in texts)
     assert any("http:// or https://" in text for text in texts)
     assert any("timeout must be" in text for text in texts)
     assert "not base64!" not in " ".join(texts)  # the secret is never shown

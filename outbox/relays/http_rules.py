@@ -1,6 +1,6 @@
 """HTTP as the webhook relay speaks it: what an answer means for the message (delivered,
-retried after the delay the server asked for, or dead), which URLs and header values
-HTTP can carry, and how a URL is shown in errors (without the secrets it may hold)."""
+retried after the delay the server asked for, or dead), which URLs and configured headers
+it can send, and how a URL is shown in errors (without the secrets it may hold)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,16 @@ from email.utils import parsedate_to_datetime
 from urllib.parse import quote, urlsplit
 
 from outbox.exceptions import OutboxError, PermanentFailure, RetryLater
+from outbox.headers import HTTP_FRAMING, control_character, is_token
 
-__all__ = ["WebhookError", "ce_header_value", "judge", "retry_after", "writer_header_value"]
+__all__ = ["WebhookError", "ce_header_value", "header_problem", "judge", "retry_after"]
 
 # How much of a refused request's answer goes into its error (and a dead letter's).
 EXCERPT_CHARS = 200
 # CloudEvents binary mode: header values percent-encode space, '"', '%' and anything
 # outside printable ASCII (CloudEvents HTTP protocol binding, 3.1.3.2).
 _CE_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in ' "%')
-_TOKEN = re.compile(r"^[-!#$%&'*+.^_`|~0-9A-Za-z]+$")
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_SECONDS = re.compile(r"^\d+(\.\d+)?$")
+_SECONDS = re.compile(r"\d+(\.\d+)?")
 
 
 class WebhookError(OutboxError):
@@ -59,7 +58,7 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if _SECONDS.match(value):
+    if _SECONDS.fullmatch(value):
         return float(value)
     try:
         when = parsedate_to_datetime(value)
@@ -75,16 +74,21 @@ def ce_header_value(value: str) -> str:
     return quote(value, safe=_CE_SAFE)
 
 
-def writer_header_value(name: str, value: str) -> str:
-    """A writer's header as HTTP carries it (the client sends non-ASCII text as UTF-8).
-    A name or value HTTP cannot carry at all makes a message that can never be sent:
-    `PermanentFailure`."""
-    if not _TOKEN.match(name) or _CONTROL.search(value):
-        raise PermanentFailure(
-            f"Header {name!r} cannot be sent over HTTP (a name must be an HTTP token, a "
-            f"value must have no control characters): fix the headers the writer sets."
-        )
-    return value.strip(" \t")
+def header_problem(name: object, value: object) -> str | None:
+    """Why a relay cannot send the header `name` of its configuration with `value`, or
+    None: a name must be an HTTP token, a value text without control characters, and
+    neither framing nor routing (``content-length``, ``host``...), which the client
+    sets from the request itself."""
+    if not isinstance(name, str) or not isinstance(value, str):
+        return f"header {name!r} must be a str with a str value."
+    if not is_token(name):
+        return f"header {name!r} is not an HTTP token, which a header name must be."
+    character = control_character(value)
+    if character is not None:
+        return f"header {name!r} has a control character ({character!r}) in its value."
+    if name.lower() in HTTP_FRAMING:
+        return f"header {name!r} frames or routes the request: the client sets it itself."
+    return None
 
 
 def url_problem(url: object) -> str | None:

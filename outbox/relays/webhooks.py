@@ -4,44 +4,54 @@ The body is the envelope's (a CloudEvents event by default), with its content ty
 CloudEvents binary mode the event's attributes travel as ``ce-`` headers. Every request
 also carries the relay headers (``outbox-message-id``, ``outbox-category``,
 ``outbox-shard``, ``outbox-attempt``, the writer's headers and trace context) and the
-signature headers of `outbox.relays.signing`.
+signature headers of `outbox.relays.signing`. The relay's own headers win over a
+writer's of the same name, so no message can change the request's credentials, framing
+or identity.
 
 The answer decides what becomes of the message: a 2xx delivered it; 410 Gone dead-letters
 it (the endpoint says it will never take it); 429 and 5xx retry it, after the
 ``Retry-After`` the server asked for when it did; any other answer, a timeout or a
-connection error is an ordinary failure, retried with back-off.
+connection error is an ordinary failure, retried with back-off; a message whose headers
+HTTP cannot carry at all is a dead letter. Only the start of an answer is read (what its
+error shows), and the whole request, answer included, has `timeout` seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
+import io
 import math
 import os
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.checks import CheckMessage
 
 from outbox.conf import outbox_settings
 from outbox.exceptions import OutboxConfigurationError, PermanentFailure
+from outbox.headers import RELAY_PREFIX
 from outbox.relays.base import Failures, Message, Relay, RelayClientMissing, skip_after_failure
 from outbox.relays.envelope import Envelope
 from outbox.relays.http_rules import (
     WebhookError,
     ce_header_value,
+    header_problem,
     judge,
     shown_url,
     url_problem,
-    writer_header_value,
 )
 from outbox.relays.signing import Secret, signature_headers, signing_keys
 
 try:
     import urllib3
+    from urllib3.connection import HTTPConnection, HTTPSConnection
+    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
     from urllib3.exceptions import HTTPError, NewConnectionError
     from urllib3.exceptions import TimeoutError as Timeout
 except ImportError as missing:  # the extra is not installed: said when a relay is made
@@ -49,21 +59,29 @@ except ImportError as missing:  # the extra is not installed: said when a relay 
 else:
     _MISSING = None
 
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
 __all__ = ["WebhookError", "WebhookRelay"]
 
 USER_AGENT = "django-outboxes webhook relay"
 # Connections kept per host without a `concurrency`: more than any drain runs slots.
 _UNCAPPED_POOL = 1024
+# The most of an answer's body the relay reads: the start its error shows (and the dead
+# letter's); the rest is not worth holding in memory or waiting for.
+ANSWER_BYTES = 4096
 
 
 class WebhookRelay(Relay):
     """POST each message to `url`, signed with `secret` (Standard Webhooks: ``whsec_``
     plus the base64 of the key; see `outbox.relays.signing` for the other forms).
 
-    `timeout`: seconds allowed to connect, to send, and for each read of the answer.
-    `envelope`: ``"cloudevents"`` (structured), ``"cloudevents-binary"``, ``"bare"`` or an
-    `Envelope`. `headers`: sent with every request (an ``Authorization``, say); the
-    content type, the signature and the relay's own headers take precedence.
+    `timeout`: seconds allowed for the whole request: connecting, sending and reading
+    the answer. `envelope`: ``"cloudevents"`` (structured), ``"cloudevents-binary"``,
+    ``"bare"`` or an `Envelope`. `headers`: sent with every request (an
+    ``Authorization``, say), in place of a writer's of the same name; the content type,
+    the signature and the ``outbox-*`` headers take precedence. They may not frame or
+    route the request (``content-length``, ``host``...): `check` reports those.
     `concurrency`: the most requests in flight at once in this process (None: as many
     as the drain's slot threads deliver at once; `publish` of a batch then POSTs up to
     ``OUTBOX_CONCURRENCY`` shards at once). Each slot thread POSTs the message it
@@ -120,15 +138,14 @@ class WebhookRelay(Relay):
         try:
             self._keys = signing_keys(secret)
         except ValueError as error:
-            problems.append(f"the signing secret does not decode: {error}.")
+            problems.append(f"the signing {error}.")
         problem = url_problem(self.url)
         if problem:
             problems.append(problem)
         for name, value in self.headers.items():
-            try:
-                writer_header_value(name, value)
-            except (PermanentFailure, TypeError):
-                problems.append(f"header {name!r} cannot be sent over HTTP.")
+            problem = header_problem(name, value)
+            if problem:
+                problems.append(problem)
         if (
             isinstance(self.timeout, bool)
             or not isinstance(self.timeout, (int, float))
@@ -175,46 +192,67 @@ class WebhookRelay(Relay):
         if self._problems:
             raise OutboxConfigurationError(f"Relay {self.name!r}: {self._problems[0]}")
         body = self.envelope.body(message)
-        headers = self._request_headers(message, body)
+        request = f"Relay {self.name!r}: POST {self._target}"
+        try:
+            response = self._request(body, self._request_headers(message, body), request)
+            answer = _start_of_answer(response)
+        except NewConnectionError as error:  # refused, unreachable (a Timeout subclass)
+            raise WebhookError(f"{request} failed to connect: {error}") from error
+        except Timeout as error:
+            raise WebhookError(
+                f"{request} timed out after {self.timeout:g} s ({type(error).__name__})."
+            ) from error
+        except HTTPError as error:  # the connection dropped, a malformed answer
+            raise WebhookError(f"{request} failed: {type(error).__name__}: {error}") from error
+        judge(
+            response.status,
+            response.reason or "",
+            answer,
+            response.headers.get("retry-after"),
+            request,
+        )
+
+    def _request(
+        self, body: bytes, headers: dict[str, str | bytes], request: str
+    ) -> urllib3.BaseHTTPResponse:
+        """Send the request; its answer is left to read. A header the client refuses to
+        send (a row written before the header rules may hold one) refuses it the same
+        way on every attempt: `PermanentFailure`."""
         try:
             # A bytes value (UTF-8 text, `_utf8`) goes out as it is: typed str only.
-            response = self._client().request(
+            return self._client().request(
                 "POST",
                 self.url,
                 body=body,
                 headers=headers,  # type: ignore[arg-type]
                 retries=False,
                 redirect=False,
+                preload_content=False,
             )
-        except NewConnectionError as error:  # refused, unreachable (a Timeout subclass)
-            raise WebhookError(
-                f"Relay {self.name!r}: POST {self._target} failed to connect: {error}"
-            ) from error
-        except Timeout as error:
-            raise WebhookError(
-                f"Relay {self.name!r}: POST {self._target} timed out after "
-                f"{self.timeout:g} s ({type(error).__name__})."
-            ) from error
-        except HTTPError as error:  # the connection dropped, a malformed answer
-            raise WebhookError(
-                f"Relay {self.name!r}: POST {self._target} failed: {type(error).__name__}: {error}"
-            ) from error
-        judge(
-            response.status,
-            response.reason or "",
-            response.data.decode("utf-8", "replace"),
-            response.headers.get("retry-after"),
-            f"Relay {self.name!r}: POST {self._target}",
-        )
+        except HTTPError:
+            raise  # urllib3's own errors, some of them ValueErrors too
+        except ValueError as error:  # http.client: "Invalid header name/value..."
+            raise PermanentFailure(f"{request} cannot be sent: {error}") from error
 
     def _request_headers(self, message: Message, body: bytes) -> dict[str, str | bytes]:
-        """The request's headers, by lower-case name (a later one replaces an earlier
-        one); text beyond ASCII is sent as UTF-8."""
-        headers: dict[str, str | bytes] = {"user-agent": USER_AGENT}
+        """The request's headers, by lower-case name; text beyond ASCII is sent as UTF-8.
+        The writer's come first (those `Message.relay_headers` lets through); the
+        relay's own replace any of the same name: its user agent, its configured
+        `headers` (which may give another user agent; a writer's ``authorization``,
+        where allowed, goes out only if they have none), the ``outbox-*`` headers, the
+        ``ce-`` headers, the content type and the signature."""
+        relay_headers = message.relay_headers()
+        headers: dict[str, str | bytes] = {
+            name.lower(): _utf8(value.strip(" \t"))
+            for name, value in relay_headers.items()
+            if not name.startswith(RELAY_PREFIX)
+        }
+        headers["user-agent"] = USER_AGENT
         for name, value in self.headers.items():
             headers[name.lower()] = _utf8(value.strip(" \t"))
-        for name, value in message.relay_headers().items():
-            headers[name.lower()] = _utf8(writer_header_value(name, value))
+        for name, value in relay_headers.items():
+            if name.startswith(RELAY_PREFIX):
+                headers[name] = _utf8(value)
         for name, value in self.envelope.attributes(message).items():
             headers[f"ce-{name}"] = ce_header_value(value)
         headers["content-type"] = self.envelope.content_type
@@ -236,8 +274,9 @@ class WebhookRelay(Relay):
                 self._http = urllib3.PoolManager(
                     maxsize=self._concurrency or _UNCAPPED_POOL,
                     block=False,
-                    timeout=urllib3.Timeout(connect=self.timeout, read=self.timeout),
+                    timeout=urllib3.Timeout(total=self.timeout),
                 )
+                self._http.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
                 self._http_pid = os.getpid()
             return self._http
 
@@ -246,6 +285,74 @@ class WebhookRelay(Relay):
             client, self._http = self._http, None
             if client is not None and self._http_pid == os.getpid():
                 client.clear()
+
+
+def _start_of_answer(response: urllib3.BaseHTTPResponse) -> str:
+    """The first `ANSWER_BYTES` of the answer's body, as text. A connection whose answer
+    was not read to its end goes back to the pool closed (it reconnects when next
+    used): reused as it is, its next request would read the rest as its own answer."""
+    try:
+        # Not decoded, so a compressed answer (never asked for) cannot grow in memory.
+        start = response.read(ANSWER_BYTES, decode_content=False)
+    finally:
+        if response.connection is not None:  # urllib3 releases it once read to its end
+            response.close()
+            response.release_conn()
+    return start.decode("utf-8", "replace")
+
+
+class _DeadlineReader(io.RawIOBase):
+    """Reads a socket until a deadline: the socket's timeout when the reader is made.
+    Each read waits at most for what is left of it, so a server sending a byte at a
+    time is cut off when the time is up, not after a timeout per byte."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+        timeout = sock.gettimeout()
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+
+    def readable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")  # socket.timeout, as a read past it raises
+            self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
+class _AnswerWithinDeadline(http.client.HTTPResponse):
+    """An answer read, head and body, within one deadline: what is left of the request's
+    `Timeout.total` when the answer is awaited (urllib3 sets the socket's timeout to it
+    just before)."""
+
+    def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()  # the reader made for the socket, with a timeout per read
+        self.fp = io.BufferedReader(_DeadlineReader(sock))
+
+
+if _MISSING is None:
+    # urllib3's pools, their connections reading answers within the deadline (errors
+    # name the connection class: "WebhookConnection(host=..., port=...)").
+
+    class WebhookConnection(HTTPConnection):
+        response_class = _AnswerWithinDeadline
+
+    class WebhookTLSConnection(HTTPSConnection):
+        response_class = _AnswerWithinDeadline
+
+    class _Pool(HTTPConnectionPool):
+        ConnectionCls = WebhookConnection
+
+    class _TLSPool(HTTPSConnectionPool):
+        ConnectionCls = WebhookTLSConnection
 
 
 def _utf8(value: str) -> str | bytes:
