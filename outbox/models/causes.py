@@ -21,6 +21,8 @@ import traceback
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
+from outbox.shown_text import one_line
+
 # Only the start of `last_error` decides a cause: every reader reads this much of it.
 CAUSE_CHARS = 1000
 KEY_LENGTH = 12
@@ -79,7 +81,9 @@ class Failure:
     message: str
 
     def __str__(self) -> str:
-        shown = self.exception + (f": {self.message}" if self.message else "")
+        # The message is a receiver's text: escaped, it shows on one line, sends no
+        # terminal escapes (normalising collapsed its whitespace only).
+        shown = self.exception + (f": {one_line(self.message)}" if self.message else "")
         return f"{self.receiver or 'unknown receiver'}: {shown}"
 
 

@@ -29,12 +29,12 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.core.checks import CheckMessage
 
-from outbox.exceptions import PermanentFailure
+from outbox.exceptions import OutboxConfigurationError, PermanentFailure
 from outbox.relays.base import Failures, Message, Relay, RelayClientMissing
+from outbox.relays.broker_urls import url_problem
 from outbox.relays.destination import Destination
 from outbox.relays.envelope import Envelope
 from outbox.relays.waves import publish_in_waves
@@ -178,9 +178,7 @@ class _Channel:
     def __init__(self, relay: AmqpRelay) -> None:
         self.relay = relay
         kombu = relay._kombu
-        self.connection = kombu.Connection(
-            relay.url, connect_timeout=relay.connect_timeout, **relay.connection_options
-        )
+        self.connection = _connection(relay)
         try:
             # One try per broker URL, no sleep between: the engine's back-off waits.
             tries = max(len(self.connection.alt), 1)
@@ -271,16 +269,20 @@ def _kombu() -> Any:
 
 def _url_problem(url: str) -> str | None:
     """Why `url` (or one of its ``;``-separated fail-over URLs) is not a broker URL the
-    relay can use, or None."""
-    for one in url.split(";"):
-        try:
-            parts = urlsplit(one)
-            parts.port  # noqa: B018  (reading it checks it)
-        except (ValueError, TypeError) as error:
-            return f"url {one!r} does not parse: {error}."
-        if parts.scheme not in SCHEMES:
-            return (
-                f"url {one!r} is not an AMQP URL: it must start with "
-                f"{' or '.join(scheme + '://' for scheme in SCHEMES)}."
-            )
-    return None
+    relay can use, or None; it shows the URL without its credentials and query."""
+    return url_problem(url, SCHEMES, "an AMQP", fail_over=True)
+
+
+def _connection(relay: AmqpRelay) -> Any:
+    """A kombu Connection to the relay's broker, not yet connected. A URL kombu cannot
+    read raises the check's problem in place of kombu's error, which may quote the
+    password (the drain records and logs the error)."""
+    try:
+        return relay._kombu.Connection(
+            relay.url, connect_timeout=relay.connect_timeout, **relay.connection_options
+        )
+    except ValueError:
+        problem = _url_problem(relay.url)
+        if problem is None:  # not the URL's fault: an option's
+            raise
+        raise OutboxConfigurationError(f"Relay {relay.name!r}: {problem}") from None

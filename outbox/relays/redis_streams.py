@@ -29,11 +29,14 @@ from django.core.checks import CheckMessage
 
 from outbox.exceptions import OutboxConfigurationError
 from outbox.relays.base import Failures, Message, Relay, RelayClientMissing
+from outbox.relays.broker_urls import shown_url, url_problem
 from outbox.relays.destination import Destination
 from outbox.relays.envelope import Envelope
 from outbox.relays.waves import publish_in_waves
 
 __all__ = ["RedisStreamRelay"]
+
+SCHEMES = ("redis", "rediss", "unix")
 
 
 class RedisStreamRelay(Relay):
@@ -81,10 +84,9 @@ class RedisStreamRelay(Relay):
 
     def check(self) -> list[CheckMessage]:
         found: list[CheckMessage] = [self.error(problem) for problem in self.stream.problems()]
-        try:
-            self._redis.connection.parse_url(self.url)
-        except (ValueError, TypeError) as error:
-            found.append(self.error(f"url {self.url!r} is not a Redis URL: {error}"))
+        problem = self._url_problem()
+        if problem:
+            found.append(self.error(problem))
         return found
 
     def close(self) -> None:
@@ -125,15 +127,44 @@ class RedisStreamRelay(Relay):
         """The relay's client, made on first use (it connects as commands need)."""
         with self._lock:
             if self._client is None:
-                retry = importlib.import_module("redis.retry")
-                backoff = importlib.import_module("redis.backoff")
-                self._client = self._redis.Redis.from_url(
-                    self.url,
-                    socket_timeout=self.socket_timeout,
-                    socket_connect_timeout=self.connect_timeout,
-                    retry=retry.Retry(backoff.NoBackoff(), 1),
-                )
+                self._client = self._new_client()
             return self._client
+
+    def _new_client(self) -> Any:
+        """A client for the URL. One redis-py cannot read raises the check's problem in
+        place of redis-py's error, which may quote the password (the drain records and
+        logs the error)."""
+        retry = importlib.import_module("redis.retry")
+        backoff = importlib.import_module("redis.backoff")
+        try:
+            return self._redis.Redis.from_url(
+                self.url,
+                socket_timeout=self.socket_timeout,
+                socket_connect_timeout=self.connect_timeout,
+                retry=retry.Retry(backoff.NoBackoff(), 1),
+            )
+        except ValueError:
+            problem = self._url_problem()
+            if problem is None:  # not the URL's fault
+                raise
+            raise OutboxConfigurationError(f"Relay {self.name!r}: {problem}") from None
+
+    def _url_problem(self) -> str | None:
+        """Why the URL is not one redis-py can use, or None; it shows the URL without
+        its credentials and query, and quotes none of redis-py's errors."""
+        problem = url_problem(self.url, SCHEMES, "a Redis")
+        if problem is not None:
+            return problem
+        try:
+            self._redis.connection.parse_url(self.url)
+        except (ValueError, TypeError):
+            return (
+                f"url {shown_url(self.url)!r} is not a Redis URL redis-py can read: its "
+                "scheme must be in lower case, and each query argument redis-py knows "
+                "(db, socket_timeout ...) must have a value of its type (the query is not "
+                "shown: it may hold secrets)."
+            )
+        return None
 
 
 def _redis() -> Any:

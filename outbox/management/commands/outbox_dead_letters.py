@@ -26,6 +26,7 @@ from outbox.models.dead_letter_groups import (
     group_dead_letters,
     in_slices,
 )
+from outbox.shown_text import one_line
 
 LIST_LIMIT = 1000
 
@@ -113,7 +114,8 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(found, indent=2))
             return
         for row in found:
-            error = row["last_error"].splitlines()[0] if row["last_error"] else ""
+            # One escaped line: a receiver's text could forge lines or send escapes.
+            error = one_line(row["last_error"].strip())
             self.stdout.write(
                 f"{row['table']} #{row['id']} message {row['message_id']} shard {row['shard']} "
                 f"{row['category']} "
@@ -155,7 +157,7 @@ class Command(BaseCommand):
             f"{indent}categories {', '.join(group.category_names)}; dead from "
             f"{_iso(group.first_dead_at)} to {_iso(group.last_dead_at)}"
         )
-        example = group.sample_error.splitlines()[0] if group.sample_error else ""
+        example = one_line(group.sample_error.strip())
         self.stdout.write(f"{indent}e.g. #{group.sample_ids[0]}: {example}")
 
 

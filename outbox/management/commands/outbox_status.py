@@ -25,6 +25,10 @@ from outbox.health.thresholds import Thresholds, problems, statuses
 from outbox.health.vacuum import describe_holder, describe_table
 from outbox.management import exit_codes
 from outbox.management.arguments import database_alias
+from outbox.shown_text import one_line
+
+# How much of a worst shard's last error a line shows.
+WORST_ERROR_CHARS = 200
 
 # Option name, Thresholds field.
 THRESHOLDS = (
@@ -121,10 +125,11 @@ class Command(BaseCommand):
             "(PostgreSQL only)"
         )
         for shard in table["worst_shards"]:
-            error = shard["last_error"].splitlines()[-1] if shard["last_error"] else ""
+            # One escaped line: a receiver's text could forge lines or send escapes.
+            error = one_line(shard["last_error"].strip(), WORST_ERROR_CHARS)
             self.stdout.write(
                 f"    worst: shard {shard['shard']} ({shard['scope']}), "
-                f"{shard['attempts']} attempts: {error[:200]}"
+                f"{shard['attempts']} attempts: {error}"
             )
 
     def _show_databases(self, tables: list[dict[str, Any]]) -> None:
