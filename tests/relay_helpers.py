@@ -35,6 +35,20 @@ def make_due():
     RegionOutbox.objects.pending().update(scheduled_for=Now())
 
 
+def message(shard=1, **fields):
+    """One AUDIT_EVENT message of `shard` (object `shard`), with `fields` as given."""
+    values = {
+        "message_id": uuid.uuid4(),
+        "category": Category.AUDIT_EVENT,
+        "scope": Scope.ORGANIZATION,
+        "shard_identifier": shard,
+        "object_identifier": shard,
+        "payload": {"shard": shard},
+        **fields,
+    }
+    return Message(**values)
+
+
 def messages(shards, per_shard, first_shard=1, payload=None):
     """Messages of `per_shard` AUDIT_EVENTs in each of `shards` shards, interleaved (as
     a batched engine hands them over); `payload(shard, n)` makes each payload."""

@@ -22,10 +22,11 @@ from outbox import outbox_context
 from outbox.engine import drain_outboxes
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.models import ControlOutbox, RegionOutbox
-from outbox.relays import Message, Relay
+from outbox.relays import Relay
 from tests.conftest import committing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory
-from tests.testapp.categories import Category, Scope
+from tests.relay_helpers import message
+from tests.testapp.categories import Category
 from tests.workers import ROOT, celery_worker, wait_until
 
 pytestmark = committing
@@ -102,15 +103,7 @@ def test_only_credentials_can_be_allowed():
 
 def forged_message():
     """A message whose stored headers break the rule, as a row written before it may."""
-    return Message(
-        message_id=uuid.uuid4(),
-        category=Category.AUDIT_EVENT,
-        scope=Scope.ORGANIZATION,
-        shard_identifier=7,
-        object_identifier=1,
-        payload={"n": 1},
-        headers=FORGED,
-    )
+    return message(7, headers=FORGED)
 
 
 def assert_the_relay_headers_won(message, received):

@@ -32,11 +32,12 @@ from outbox import PermanentFailure, outbox_context
 from outbox.engine import drain_outboxes
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.models import RegionOutbox
-from outbox.relays import Message, WebhookRelay
+from outbox.relays import WebhookRelay
 from outbox.relays.http_rules import WebhookError
 from outbox.relays.signing import signature_headers, signing_keys
 from outbox.relays.webhooks import USER_AGENT
 from tests.conftest import committing
+from tests.relay_helpers import message
 from tests.testapp.categories import Category, Scope
 
 HOWTO = Path(__file__).resolve().parent.parent / "docs" / "howto" / "relays.md"
@@ -161,18 +162,6 @@ def make_relay(raw_server):
     for relay in made:
         relay.disconnect()
         relay.close()
-
-
-def message(shard=1, **fields):
-    return Message(
-        message_id=uuid.uuid4(),
-        category=Category.AUDIT_EVENT,
-        scope=Scope.ORGANIZATION,
-        shard_identifier=shard,
-        object_identifier=shard,
-        payload={"shard": shard},
-        **fields,
-    )
 
 
 # -- the relay's headers win over a writer's ----------------------------------------------
