@@ -22,8 +22,9 @@ ensure_mysql_headers() {
     return
   fi
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing the MariaDB client headers (libmariadb-dev) for mysqlclient" >&2
-    apt-get update -qq >/dev/null && apt-get install -y -qq libmariadb-dev pkg-config >/dev/null
+    source "$(dirname "${BASH_SOURCE[0]}")/_apt.sh"
+    apt_install "the MariaDB client headers, which mysqlclient compiles against" \
+      libmariadb-dev pkg-config
   else
     echo "mysqlclient needs the MariaDB client headers: install libmariadb-dev and pkg-config" >&2
     exit 1

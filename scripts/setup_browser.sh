@@ -8,8 +8,9 @@ ensure_venv postgres,mysql,test,example  # the test command's .venv
 
 if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    source scripts/_apt.sh
+    apt_install "the browser the admin's browser tests drive (Playwright cannot download its own here)" \
+      chromium
   else
     echo "setup_browser: /usr/bin/chromium is missing and we are not root;" \
       "install Debian's chromium package, or the browser tests will be skipped." >&2

@@ -7,9 +7,9 @@ cd "$(dirname "$0")/.."
 
 if ! command -v promtool >/dev/null; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      prometheus >/dev/null
+    source scripts/_apt.sh
+    apt_install "promtool, which checks the shipped alert rules (the server is not started)" \
+      --no-install-recommends prometheus
   else
     echo "setup_promtool: promtool is missing and we are not root;" \
       "install Debian's prometheus package, or the promtool tests will be skipped." >&2

@@ -109,8 +109,9 @@ CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # The demo publishes organization changes to RabbitMQ here, when it answers
-# (accounts/demo/rabbitmq.py).
+# (accounts/demo/rabbitmq.py), to an exchange of this name; AMQP_URL= (empty): never.
 AMQP_URL = env.str("AMQP_URL", default="amqp://guest:guest@127.0.0.1:5672//")
+DEMO_AMQP_EXCHANGE = env.str("DEMO_AMQP_EXCHANGE", default="accounts-demo")
 # Set to "outbox.integrations.celery.prompt_drain" to send a drain task on each commit
 # that leaves rows to the drain, instead of waiting for the next beat tick.
 OUTBOX_PROMPT_DRAIN = env.str("OUTBOX_PROMPT_DRAIN", default=None)

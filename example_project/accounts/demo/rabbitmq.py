@@ -5,7 +5,9 @@ demo connects an `AmqpRelay` to ``ORGANIZATION_UPDATE`` before it writes its tra
 every organization change is published (after the commit, or by the drain) to a topic
 exchange, and a queue bound to it collects them. At the end the queue is read back:
 every message carries its message id, each organization's changes arrive in the order
-they were written, and the last one is the state the mirror holds.
+they were written, and the last one is the state the mirror holds. The exchange and the
+queue are named after ``DEMO_AMQP_EXCHANGE`` (default ``accounts-demo``), so demos on a
+shared broker can keep apart; an empty ``AMQP_URL`` publishes nothing.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ from django.conf import settings
 from accounts.models import OrganizationMirror
 from accounts.outboxes import Category
 
-EXCHANGE = "accounts-demo"
-QUEUE = "accounts-demo.organization-changes"
 ROUTING_KEY = "organization_update"  # the relay's default: the category's name
 START_IT = (
     "start it with `sudo apt-get install rabbitmq-server` or "
@@ -34,15 +34,24 @@ class Publishing:
     """The relay and the queue that collects what it publishes."""
 
     url: str
+    exchange: str
     relay: Any = None
     skipped: str = ""  # why nothing is published, when it is not
     bodies: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def queue(self) -> str:
+        """The queue bound to the exchange, which collects what the relay publishes."""
+        return f"{self.exchange}.organization-changes"
 
 
 def start() -> Publishing:
     """Connect the relay when RabbitMQ answers; else say why not and how to start it."""
     url = settings.AMQP_URL
-    publishing = Publishing(url)
+    publishing = Publishing(url, settings.DEMO_AMQP_EXCHANGE)
+    if not url:
+        publishing.skipped = "AMQP_URL is empty"
+        return publishing
     try:
         import kombu
     except ImportError:
@@ -51,7 +60,7 @@ def start() -> Publishing:
     try:
         with kombu.Connection(url, connect_timeout=2) as connection:
             connection.ensure_connection(max_retries=1)
-            _fresh_queue(kombu, connection)
+            _fresh_queue(kombu, connection, publishing)
     except Exception as error:  # refused, unknown host, bad credentials
         shown = kombu.Connection(url).as_uri()  # the password masked
         publishing.skipped = f"not reachable at {shown} ({error}): {START_IT}"
@@ -59,14 +68,17 @@ def start() -> Publishing:
     from outbox.relays import AmqpRelay
 
     publishing.relay = AmqpRelay(
-        "demo-organization-changes", url=url, exchange=EXCHANGE, routing_key="{category}"
+        "demo-organization-changes",
+        url=url,
+        exchange=publishing.exchange,
+        routing_key="{category}",
     ).connect(Category.ORGANIZATION_UPDATE)
     return publishing
 
 
-def _fresh_queue(kombu: Any, connection: Any) -> None:
-    exchange = kombu.Exchange(EXCHANGE, type="topic", durable=True)
-    queue = kombu.Queue(QUEUE, exchange, routing_key=ROUTING_KEY, durable=True)
+def _fresh_queue(kombu: Any, connection: Any, publishing: Publishing) -> None:
+    exchange = kombu.Exchange(publishing.exchange, type="topic", durable=True)
+    queue = kombu.Queue(publishing.queue, exchange, routing_key=ROUTING_KEY, durable=True)
     queue(connection.default_channel).declare()
     queue(connection.default_channel).purge()
 
@@ -79,13 +91,13 @@ def finish(publishing: Publishing) -> tuple[str, list[str]]:
     import kombu
 
     with kombu.Connection(publishing.url, connect_timeout=2) as connection:
-        queue = kombu.Queue(QUEUE)(connection.default_channel)
+        queue = kombu.Queue(publishing.queue)(connection.default_channel)
         while (message := queue.get(no_ack=True)) is not None:
             publishing.bodies.append(json.loads(message.body))
     problems = check(publishing.bodies)
     line = (
         f"rabbitmq   {len(publishing.bodies)} organization changes published to exchange "
-        f"{EXCHANGE!r} and read back from queue {QUEUE!r}"
+        f"{publishing.exchange!r} and read back from queue {publishing.queue!r}"
     )
     return line, problems
 
