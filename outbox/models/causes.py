@@ -8,9 +8,11 @@ back. Rows written before every entry named its receiver (a lone failing receive
 written without its name) read as failures of an unknown receiver.
 
 Two dead letters have the same cause when their failures match entry by entry on the
-receiver, the exception type and the normalised message: quoted values, UUIDs, hex ids
-and numbers masked (`normalise`). A cause's `key` is a short hash of that, stable across
-processes and releases of the same format, for the command line and URLs.
+receiver, the exception type and the normalised message: what varies from one message to
+the next masked (`normalise`), so that the messages of one cause read the same and those
+of two causes differ. A cause's `key` is a short hash of that, stable across processes
+and releases of the same normalisation, for the command line and URLs; it is derived
+whenever a cause is read, never stored (the admin log quotes it).
 """
 
 from __future__ import annotations
@@ -36,18 +38,40 @@ _RECEIVER_ENTRY = re.compile(
 )
 _EXCEPTION = re.compile(r"(?P<type>(?:[A-Za-z_][\w<>]*\.)*[A-Za-z_]\w*)(?:: (?P<message>.*))?")
 
-# What `normalise` masks, in this order (a quoted value may hold a number, a UUID digits).
-_MASKS = [
-    (re.compile(r"(?<!\w)'[^'\n]*'(?!\w)"), "<str>"),
-    (re.compile(r'(?<!\w)"[^"\n]*"(?!\w)'), "<str>"),
-    (re.compile(r"\b[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b"), "<uuid>"),
-    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "<hex>"),
-    # A run of 8 or more hex digits with at least one digit and one letter.
-    (re.compile(r"\b(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b"), "<hex>"),
-    # Digits not glued to a letter: `order_17`, `10.0.0.3`, `30s` are masked; `utf8`,
-    # `sha256`, `http2` are names and kept.
-    (re.compile(r"(?<![A-Za-z\d])\d+"), "<n>"),
-]
+# A quoted text, in single or double quotes (`can't` holds no quoted text).
+_QUOTED = re.compile(r"""(?<!\w)(?P<quote>['"])(?P<text>(?:(?!(?P=quote)).)*)(?P=quote)(?!\w)""")
+# Exceptions whose message quotes names, not values: the missing key, attribute, module
+# or field (`KeyError: 'email'`), compared on the type's last dotted part.
+_QUOTING_NAMES = frozenset({
+    "KeyError", "AttributeError", "NameError", "ImportError", "ModuleNotFoundError",
+    "MultiValueDictKeyError", "FieldDoesNotExist", "FieldError",
+})  # fmt: skip
+# A name such an exception quotes: an identifier, perhaps dotted (`crm.client`).
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+# Ids of a fixed shape; the lookarounds treat `_` as a separator, as in `order_<uuid>`.
+_UUID = re.compile(
+    r"(?<![0-9A-Za-z])[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}(?![0-9A-Za-z])"
+)
+_HEX_LITERAL = re.compile(r"(?<![0-9A-Za-z])0x[0-9a-fA-F]+")
+# A word: letters and digits (`_` and `-` separate words), with the `-8` of `utf-8` or
+# the `-01-31` of a date when they end it (`order-0000040f` is two words).
+_WORD = re.compile(r"[A-Za-z0-9]+(?:-[0-9]+(?![A-Za-z0-9]))*")
+# The numbers and ids in a word, decimal or hex, under one mask: the same zero-padded id
+# shows as `00000419` or `0000040f`, and an 8-digit hex id has no letter one time in 40.
+# A hex run has 8 or more digits, at least one of them decimal (`deadbeef` is a word).
+_NUMBER = re.compile(r"(?=[0-9a-fA-F]*[0-9])[0-9a-fA-F]{8,}|[0-9]+")
+# Words whose digits are part of a name, not a number, kept as written (compared in
+# lowercase); every other word has its numbers masked, `c1049` as `c<n>`. A name missing
+# here splits nothing: it reads `sha<n>` for every message alike.
+_NAMES_WITH_DIGITS = frozenset({
+    "utf8", "utf8mb3", "utf8mb4", "utf16", "utf32", "utf-8", "utf-16", "utf-32", "ucs2",
+    "ucs4", "latin1", "latin-1", "iso-8859-1", "iso-8859-15", "cp1252", "windows-1252",
+    "md5", "sha1", "sha224", "sha256", "sha384", "sha512", "sha-1", "sha-256", "sha-512",
+    "sha3", "blake2b", "blake2s", "crc32", "base32", "base64", "base85", "x509", "pkcs7",
+    "pkcs8", "pkcs12", "ed25519", "aes128", "aes256", "http2", "http3", "h2", "h3", "ipv4",
+    "ipv6", "oauth1", "oauth2", "int8", "int16", "int32", "int64", "uint8", "uint16",
+    "uint32", "uint64", "float16", "float32", "float64", "s3", "ec2", "i18n", "l10n", "k8s",
+})  # fmt: skip
 _SPACES = re.compile(r"\s+")
 
 
@@ -58,12 +82,37 @@ def error_line(receiver: str, exc: BaseException) -> str:
     return f"{receiver}: {shown}" if receiver else shown
 
 
-def normalise(message: str) -> str:
-    """The message with quoted values, UUIDs, hex ids and numbers masked, and its
-    whitespace collapsed: `order 17 of 'acme'` -> `order <n> of <str>`."""
-    for pattern, mask in _MASKS:
-        message = pattern.sub(mask, message)
+def normalise(message: str, quotes_names: bool = False) -> str:
+    """The message with what varies from one message to the next masked, and its
+    whitespace collapsed: `order 17 of 'acme'` -> `order <n> of <str>`.
+
+    Masked, in this order: quoted texts as `<str>` (but when `quotes_names`, as for a
+    KeyError, a quoted identifier is a name and kept: `'customer_id'`); UUIDs as
+    `<uuid>`; `0x` literals as `<hex>`; then in every word, numbers and runs of 8 or more
+    hex digits as `<n>` (`order_17x` -> `order_<n>x`, `0000040f` -> `<n>`), except in
+    names whose digits are part of them (`utf8`, `sha256`, `IPv4`: `_NAMES_WITH_DIGITS`).
+    """
+    message = _QUOTED.sub(_quoted_name if quotes_names else "<str>", message)
+    message = _UUID.sub("<uuid>", message)
+    message = _HEX_LITERAL.sub("<hex>", message)
+    message = _WORD.sub(_word_masked, message)
     return _SPACES.sub(" ", message).strip()
+
+
+def _quotes_names(exception: str) -> bool:
+    """Whether messages of this exception type (as recorded) quote names, not values."""
+    return exception.rpartition(".")[2] in _QUOTING_NAMES
+
+
+def _quoted_name(quoted: re.Match[str]) -> str:
+    # Kept with its quotes; its digits are masked with the other words' (`'user_<n>'`).
+    return quoted[0] if _NAME.fullmatch(quoted["text"]) else "<str>"
+
+
+def _word_masked(word: re.Match[str]) -> str:
+    if word[0].lower() in _NAMES_WITH_DIGITS:
+        return word[0]
+    return _NUMBER.sub("<n>", word[0])
 
 
 def is_cause_key(text: str) -> bool:
@@ -129,4 +178,4 @@ def _failure(receiver: str, lines: list[str]) -> Failure:
     if shown is None:
         return Failure(receiver, "", normalise(" ".join(lines)))
     message = " ".join([shown["message"] or "", *lines[1:]])
-    return Failure(receiver, shown["type"], normalise(message))
+    return Failure(receiver, shown["type"], normalise(message, _quotes_names(shown["type"])))
