@@ -3,6 +3,7 @@
 import datetime
 import decimal
 import enum
+import functools
 
 import pytest
 from django.core.serializers.json import DjangoJSONEncoder
@@ -64,6 +65,25 @@ def test_control_row_needs_a_region(region_name):
     with pytest.raises(InvalidOutboxMessage, match="region_name"):
         ControlOutboxFactory(region_name=region_name)
     assert not ControlOutbox.objects.exists()
+
+
+@override_settings(OUTBOX_MAX_PAYLOAD_BYTES=100)
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {1, 2},
+        {"text": "x" * 200},
+        ["\ud800"],
+        functools.reduce(lambda inner, _: [inner], range(31), []),
+    ],
+    ids=["not-json", "too-big", "lone-surrogate", "too-deep"],
+)
+def test_a_refused_payload_names_its_category_as_declared(payload):
+    # Written with the stored integer, as a row read back or a raw write has it.
+    with pytest.raises(InvalidOutboxMessage) as refused:
+        RegionOutboxFactory(category=1, payload=payload)
+    assert str(refused.value).startswith("payload of category ORGANIZATION_UPDATE ")
+    assert not RegionOutbox.objects.exists()
 
 
 @override_settings(OUTBOX_MAX_PAYLOAD_BYTES=100)

@@ -275,6 +275,9 @@ class DrainWorker:
                 identifiers=self.identifiers,
                 deadline=deadline,
                 stop=self._stop,
+                # At concurrency 1 `slots` is None: without the value, each drain would
+                # start a pool of OUTBOX_CONCURRENCY slot threads of its own.
+                concurrency=self.concurrency,
                 slots=slots,
             )
         except (OperationalError, InterfaceError):

@@ -3,13 +3,17 @@ a bad one is a CommandError naming it, never a traceback."""
 
 from __future__ import annotations
 
-import argparse
+import math
+from collections.abc import Callable, Iterable
 
 from django.apps import apps
 from django.conf import settings
 from django.core.management.base import CommandError
 
+from outbox.categories import registry
+from outbox.exceptions import InvalidOutboxMessage
 from outbox.models import OutboxBase
+from outbox.models.validation import BIGINT_MAX, BIGINT_MIN
 
 
 def database_alias(alias: str | None) -> str | None:
@@ -32,12 +36,57 @@ def outbox_table(label: str) -> type[OutboxBase]:
     return model
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of 1 or more."""
+def whole_number(option: str, value: int | None, least: int, most: int | None = None) -> None:
+    """Refuse `value` (given to `option`; None: not given) below `least` or above `most`.
+    argparse checks the type only: the range is checked here, so that a value out of
+    range is a command error (exit status 1), and call_command's keyword values, which
+    argparse never sees, are checked too."""
+    if value is None or (least <= value and (most is None or value <= most)):
+        return
+    allowed = f"from {least} to {most}" if most is not None else f"of {least} or more"
+    raise CommandError(f"{option} must be a whole number {allowed}, not {value}.")
+
+
+def seconds(option: str, value: float | None, *, zero: str | None = None) -> None:
+    """Refuse `value` (given to `option`; None: not given) unless it is a finite number of
+    seconds above 0, or 0 too where `zero` says what 0 does. argparse's float takes
+    "-1", "nan" and "inf"."""
+    if value is None or (math.isfinite(value) and (value > 0 or (value == 0 and zero))):
+        return
+    allowed = f", 0 or more (0: {zero})" if zero else " above 0"
+    raise CommandError(f"{option} must be a number of seconds{allowed}, not {value:g}.")
+
+
+def shard_identifiers(option: str, values: list[int]) -> None:
+    """Refuse a shard_identifier its 64-bit column cannot hold (a database would raise
+    an overflow error, not say which value)."""
+    for value in values:
+        whole_number(option, value, BIGINT_MIN, BIGINT_MAX)
+
+
+def scope_value(name: str) -> int:
+    """The value of the scope named `name` (member name or value); an unknown one is a
+    command error listing the declared scopes."""
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, not {text!r}")
-    return value
+        return int(registry.scope_by_name(name))
+    except InvalidOutboxMessage:
+        scopes = _listed(registry.scopes, registry.scope_name)
+        raise CommandError(f"Unknown scope {name!r}; the scopes are {scopes}.") from None
+
+
+def category_value(name: str) -> int:
+    """The value of the category named `name` (member name or value); an unknown one is
+    a command error listing the categories the scopes list."""
+    categories = registry.categories
+    by_name = {category.name: value for value, category in categories.items()}
+    if name.lstrip("-").isdigit() and int(name) in categories:
+        return int(name)
+    if name.upper() in by_name:
+        return by_name[name.upper()]
+    listed = _listed(categories, registry.category_name)
+    raise CommandError(f"Unknown category {name!r}; the categories are {listed}.")
+
+
+def _listed(values: Iterable[int], name: Callable[[int], str]) -> str:
+    """`ORGANIZATION (0), USER (1)`: the values, in order, each with its declared name."""
+    return ", ".join(f"{name(value)} ({value})" for value in sorted(values)) or "none declared"

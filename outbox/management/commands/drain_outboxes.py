@@ -21,15 +21,21 @@ from django.db import DatabaseError, close_old_connections, router
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
 from outbox.engine.slots import stuck_receivers
-from outbox.exceptions import DrainInTransaction, InvalidOutboxMessage, StuckReceivers
+from outbox.exceptions import DrainInTransaction, StuckReceivers
 from outbox.health.thresholds import backlog
 from outbox.inbox import inbox_databases, inbox_receivers, prune_inbox
 from outbox.management import exit_codes
-from outbox.management.arguments import database_alias, outbox_table, positive_int
+from outbox.management.arguments import (
+    database_alias,
+    outbox_table,
+    scope_value,
+    seconds,
+    shard_identifiers,
+    whole_number,
+)
 from outbox.management.liveness import LivenessFile
 from outbox.metrics import record_backlog
 from outbox.models import ShardLease, outbox_models
@@ -70,12 +76,19 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=None, help="Database alias to drain.")
         parser.add_argument(
             "--concurrency",
-            type=positive_int,
+            type=int,
             default=None,
             metavar="N",
-            help="Deliver up to N claimed shards at once (default: OUTBOX_CONCURRENCY).",
+            help="Deliver up to N claimed shards at once, 1 or more (default: "
+            "OUTBOX_CONCURRENCY); 1 runs one receiver call at a time.",
         )
-        parser.add_argument("--max-seconds", type=float, default=None, help="Stop after this long.")
+        parser.add_argument(
+            "--max-seconds",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="Stop after this long (above 0).",
+        )
         parser.add_argument(
             "--liveness-file",
             default=None,
@@ -87,13 +100,16 @@ class Command(BaseCommand):
             "--progress-every",
             type=float,
             default=5.0,
+            metavar="SECONDS",
             help="Seconds between progress lines (0 turns them off).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        _check_numbers(options)
         self.verbosity = options["verbosity"]
         self.using = database_alias(options["database"])
         self.models = [outbox_table(label) for label in options["table"]]
+        self.scopes = [scope_value(name) for name in options["scope"]] or None
         path = options["liveness_file"]
         liveness = LivenessFile(path) if path else None
         worker = self._worker(options, liveness)
@@ -117,7 +133,7 @@ class Command(BaseCommand):
         return DrainWorker(
             self.models,
             using=self.using,
-            scopes=self._scopes(options["scope"]),
+            scopes=self.scopes,
             identifiers=options["shard"] or None,
             loop=options["loop"],
             max_seconds=options["max_seconds"],
@@ -169,12 +185,6 @@ class Command(BaseCommand):
             f"is due in {due:.0f}s (outbox_status lists them)."
         )
 
-    def _scopes(self, names: list[str]) -> list[int] | None:
-        try:
-            return [int(registry.scope_by_name(name)) for name in names] or None
-        except InvalidOutboxMessage as exc:
-            raise CommandError(str(exc)) from exc
-
     def _heartbeat(self, total: DrainStats, elapsed: float) -> None:
         """`--loop`, every OUTBOX_HEARTBEAT_SECONDS, busy or idle: one INFO line with the
         rate so far, the backlog and the lag (echoed to stdout at -v 2)."""
@@ -217,6 +227,15 @@ class Command(BaseCommand):
             )
         else:
             self.stderr.write(f"drain_outboxes: {cause}, stopping after the current receiver")
+
+
+def _check_numbers(options: dict[str, Any]) -> None:
+    """Refuse a number out of range before anything runs: `--max-seconds -1` would end
+    the drain before its first claim and exit 0, rows still due."""
+    whole_number("--concurrency", options["concurrency"], 1)
+    seconds("--max-seconds", options["max_seconds"])
+    seconds("--progress-every", options["progress_every"], zero="no progress lines")
+    shard_identifiers("--shard", options["shard"])
 
 
 def _abandoned(stop: StopRequest | None) -> str:

@@ -15,8 +15,13 @@ from typing import Any, cast
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.categories import registry
-from outbox.exceptions import InvalidOutboxMessage
-from outbox.management.arguments import database_alias, outbox_table
+from outbox.management.arguments import (
+    category_value,
+    database_alias,
+    outbox_table,
+    shard_identifiers,
+    whole_number,
+)
 from outbox.models import OutboxBase, OutboxQuerySet, outbox_models
 from outbox.models.causes import KEY_LENGTH, is_cause_key
 from outbox.models.dead_letter_groups import (
@@ -26,6 +31,7 @@ from outbox.models.dead_letter_groups import (
     group_dead_letters,
     in_slices,
 )
+from outbox.models.validation import BIGINT_MAX
 from outbox.shown_text import one_line
 
 LIST_LIMIT = 1000
@@ -57,6 +63,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="list: print JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        _check_numbers(options)
         alias = database_alias(options["database"])
         if options["action"] != "list" and not (_narrowed(options) or options["all"]):
             raise CommandError(
@@ -96,7 +103,7 @@ class Command(BaseCommand):
         if options["shard"]:
             rows = rows.filter(shard_identifier__in=options["shard"])
         if options["category"]:
-            rows = rows.filter(category__in=[_category(name) for name in options["category"]])
+            rows = rows.filter(category__in=[category_value(name) for name in options["category"]])
         return cast("OutboxQuerySet[Any]", rows.order_by("id"))
 
     def _of_causes(
@@ -166,6 +173,14 @@ def _narrowed(options: dict[str, Any]) -> bool:
     return any(options[selection] for selection in selections)
 
 
+def _check_numbers(options: dict[str, Any]) -> None:
+    """Refuse a row id below 1 (none is), and an id or shard_identifier past 64 bits,
+    which a database would answer with an overflow error, not an empty selection."""
+    for row_id in options["id"]:
+        whole_number("--id", row_id, 1, BIGINT_MAX)
+    shard_identifiers("--shard", options["shard"])
+
+
 def _cause_key(text: str) -> str:
     """An argparse type: a cause key as list --group shows it."""
     key = text.strip().lower()
@@ -200,18 +215,6 @@ def _group_json(table: str, group: DeadLetterGroup) -> dict[str, Any]:
 def _other_json(table: str, grouping: Grouping) -> dict[str, Any]:
     """The dead letters of causes past the grouping's bound, as one entry with no key."""
     return {"table": table, "cause": None, "count": grouping.other, "failures": []}
-
-
-def _category(name: str) -> int:
-    try:
-        if name.lstrip("-").isdigit():
-            return registry.category(int(name)).value
-    except InvalidOutboxMessage as exc:
-        raise CommandError(str(exc)) from None
-    for category in registry.categories.values():
-        if category.name == name.upper():
-            return category.value
-    raise CommandError(f"Unknown category {name!r}.")
 
 
 def _describe(row: OutboxBase) -> dict[str, Any]:

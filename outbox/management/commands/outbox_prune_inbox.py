@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from outbox.conf import outbox_settings
 from outbox.inbox import PRUNE_SLICE_ROWS, inbox_databases, prune_inbox
-from outbox.management.arguments import database_alias, positive_int
+from outbox.management.arguments import database_alias, whole_number
 
 
 class Command(BaseCommand):
@@ -24,11 +24,12 @@ class Command(BaseCommand):
             help="Database alias to use; default: every database the inbox migrates to.",
         )  # fmt: skip
         parser.add_argument(
-            "--slice-rows", type=positive_int, default=PRUNE_SLICE_ROWS,
-            help=f"Records deleted per statement (default {PRUNE_SLICE_ROWS}).",
+            "--slice-rows", type=int, default=PRUNE_SLICE_ROWS,
+            help=f"Records deleted per statement, 1 or more (default {PRUNE_SLICE_ROWS}).",
         )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
+        whole_number("--slice-rows", options["slice_rows"], 1)
         alias = database_alias(options["database"])
         retention = outbox_settings.INBOX_RETENTION_SECONDS
         for using in [alias] if alias else inbox_databases():
