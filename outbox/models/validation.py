@@ -137,6 +137,12 @@ def _check_headers(headers: object) -> None:
         )
 
 
+def _category(row: OutboxBase) -> str:
+    """The row's category as errors name it: by its declared name (read only when a row
+    is refused, so a row that passes pays nothing for it)."""
+    return registry.category_name(row.category)
+
+
 def _check_payload(row: OutboxBase) -> str:
     """Check the payload's JSON text and return it (the deferred writer keeps it, so a
     held row is written as it was when saved)."""
@@ -144,27 +150,27 @@ def _check_payload(row: OutboxBase) -> str:
         encoded = _payload_encoder(type(row))(row.payload)
     except RecursionError:
         raise InvalidOutboxMessage(
-            f"payload of category {row.category} is nested more than "
+            f"payload of category {_category(row)} is nested more than "
             f"{MAX_PAYLOAD_DEPTH} levels deep."
         ) from None
     except (TypeError, ValueError) as exc:
         raise InvalidOutboxMessage(
-            f"payload of category {row.category} is not JSON-serialisable: {exc}"
+            f"payload of category {_category(row)} is not JSON-serialisable: {exc}"
             f"{_encoder_hint(type(row), exc)}"
         ) from exc
     limit = outbox_settings.MAX_PAYLOAD_BYTES
     # A character is at most 4 bytes of UTF-8: short texts need no encoding to be sure.
     if limit and len(encoded) * 4 > limit and len(encoded.encode()) > limit:
         raise InvalidOutboxMessage(
-            f"payload of category {row.category} is {len(encoded.encode())} bytes, over "
+            f"payload of category {_category(row)} is {len(encoded.encode())} bytes, over "
             f"OUTBOX_MAX_PAYLOAD_BYTES={limit}."
         )
     problem = "\\u" in encoded and _SUSPECT_ESCAPE.search(encoded) and _bad_escape(encoded)
     if problem:
-        raise InvalidOutboxMessage(f"payload of category {row.category} contains {problem}.")
+        raise InvalidOutboxMessage(f"payload of category {_category(row)} contains {problem}.")
     if encoded.count("[") + encoded.count("{") > MAX_PAYLOAD_DEPTH and _too_deep(row.payload):
         raise InvalidOutboxMessage(
-            f"payload of category {row.category} is nested more than "
+            f"payload of category {_category(row)} is nested more than "
             f"{MAX_PAYLOAD_DEPTH} levels deep (MariaDB's JSON limit)."
         )
     return encoded
