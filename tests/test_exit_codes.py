@@ -6,7 +6,7 @@ result counts what it dead-lettered."""
 import io
 import os
 import signal
-import threading
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -16,7 +16,7 @@ from outbox import RetryLater
 from outbox.engine import drain_outboxes
 from outbox.integrations.dispatch import stats_summary
 from outbox.models import RegionOutbox
-from outbox.signals import process_region_outbox
+from outbox.signals import delivery_failed, process_region_outbox
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
 from tests.test_command import drain
@@ -51,14 +51,29 @@ def test_a_loop_stopped_by_sigterm_after_a_failure_exits_0(calls, settings):
     settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.05
     calls.failing = {1}
     RegionOutboxFactory(shard_identifier=1)
-    # A real SIGTERM to this process; the command's handler (main thread) takes it.
-    stopper = threading.Timer(1.0, os.kill, [os.getpid(), signal.SIGTERM])
-    stopper.start()
+
+    def sigterm(sender, **kwargs):
+        # A real SIGTERM to this process once the failure is recorded; the command's
+        # handler (main thread) takes it.
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    delivery_failed.connect(sigterm, sender=RegionOutbox, weak=False)
+    out, err = io.StringIO(), io.StringIO()
+    started = time.monotonic()
     try:
-        output = drain("--loop", "--max-seconds", "20", "--progress-every", "0")
+        # No CommandError: status 0.
+        call_command(
+            "drain_outboxes",
+            *("--loop", "--max-seconds", "20", "--progress-every", "0"),
+            stdout=out,
+            stderr=err,
+        )
     finally:
-        stopper.cancel()
-    assert "failures 1" in output  # it failed, was told to stop, and says so: status 0
+        delivery_failed.disconnect(sigterm, sender=RegionOutbox)
+    # It heard the signal and stopped on it, not at the end of its 20 seconds.
+    assert "signal 15, stopping after the current receiver" in err.getvalue()
+    assert time.monotonic() - started < 15
+    assert "failures 1" in out.getvalue()  # it failed, was told to stop, and says so
 
 
 def test_a_loop_that_ran_its_time_after_a_failure_exits_0(calls, settings):

@@ -5,6 +5,7 @@ verify and parse it), in order per shard; the server's answer decides the row's 
 a batch publishes its shards at once, each shard's messages in order."""
 
 import base64
+import contextlib
 import importlib
 import itertools
 import json
@@ -363,13 +364,19 @@ def messages(shards, per_shard):
 
 def test_a_batch_posts_its_shards_at_once_each_in_order(server, make_relay):
     relay = make_relay(connect=False, concurrency=20)
-    server.answer = lambda r: (200, {}, b"", 0.05)
-    batch = messages(shards=20, per_shard=3)
-    started = time.monotonic()
-    assert relay.publish(batch) == {}
-    elapsed = time.monotonic() - started
-    assert elapsed < 1.0  # one after another: 60 x 50 ms
-    assert len(server.received) == 60 and server.most_in_flight > 10
+    # The server answers each shard's first request only once all 20 are in flight (or
+    # after 5 seconds, when it gives up waiting): posted one after another, they never are.
+    all_shards = threading.Barrier(20, timeout=5)
+
+    def answer(received):
+        if json.loads(received.body)["data"]["n"] == 0:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                all_shards.wait()
+        return 200, {}, b"", 0.05
+
+    server.answer = answer
+    assert relay.publish(messages(shards=20, per_shard=3)) == {}
+    assert len(server.received) == 60 and server.most_in_flight == 20
     for shard in server.by_shard().values():
         assert [json.loads(r.body)["data"]["n"] for r in shard] == [0, 1, 2]
         # one request of a shard in flight at a time

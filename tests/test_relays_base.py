@@ -199,9 +199,12 @@ def test_connect_to_the_region_signal_only(made):
     relay = Recording("region-only")
     made.append(relay)
     relay.connect(Category.USER_UPDATE, signals=[process_region_outbox])
-    ControlOutboxFactory(shard_identifier=1)
+    ControlOutboxFactory(shard_identifier=1, object_identifier=1)  # the control table's
+    RegionOutboxFactory(shard_scope=Scope.USER, category=Category.USER_UPDATE, object_identifier=2)
     drain_outboxes()
-    assert relay.seen == []
+    # The region's message reached the relay, the control table's did not.
+    assert [message.object_identifier for message in relay.seen] == [2]
+    assert not RegionOutbox.objects.exists() and not ControlOutbox.objects.exists()
 
 
 def test_a_failed_relay_is_retried_and_a_receiver_that_succeeded_is_not(made, calls):

@@ -113,20 +113,40 @@ def test_a_message_written_without_flush_wakes_an_idle_loop(idle_loop):
     assert not RegionOutbox.objects.exists()
 
 
+def first_notifications(listener: Listener, timeout: float) -> int:
+    """How many notifications the listener has received, once it has any (0 if none
+    came within `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    received = listener.take()
+    while not received and time.monotonic() < deadline:
+        time.sleep(0.01)
+        received = listener.take()
+    return received
+
+
 @postgres_only
 def test_a_lost_notification_only_delays_delivery_to_the_next_poll(idle_loop):
     drainer = idle_loop(interval=2.0)
+    # A listener of the test's own counts the notifications the loop could have heard.
+    heard = Listener("default", [channel(RegionOutbox)])
+    heard.connect()
     table = connection.ops.quote_name(RegionOutbox._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"ALTER TABLE {table} DISABLE TRIGGER {TRIGGER}")
     try:
-        committed = write(1)
-        assert delivered_after(1, committed, timeout=10) < 2.0 + 2.0, drainer.output()
-    finally:
         with connection.cursor() as cursor:
-            cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER {TRIGGER}")
-    # The trigger back, the next write wakes the loop again.
-    assert delivered_after(2, write(2), timeout=10) < 2.0 + 2.0
+            cursor.execute(f"ALTER TABLE {table} DISABLE TRIGGER {TRIGGER}")
+        try:
+            committed = write(1)
+            assert delivered_after(1, committed, timeout=10) < 2.0 + 2.0, drainer.output()
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER {TRIGGER}")
+        # The trigger back, the next write wakes the loop again.
+        assert delivered_after(2, write(2), timeout=10) < 2.0 + 2.0
+        # Notifications arrive in commit order: the first one is the second write's, so
+        # the first write's was really lost and the poll delivered it.
+        assert first_notifications(heard, timeout=10) == 1
+    finally:
+        heard.close()
 
 
 @postgres_only
