@@ -24,6 +24,7 @@ MODULES = {
     "waiting": "bench.waiting",
     "identity": "bench.identity_floor",
     "relays": "bench.relays",
+    "cpu": "bench.cpu_per_message",
 }
 
 
