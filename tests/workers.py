@@ -86,9 +86,12 @@ def wait_until(condition, timeout: float, interval: float = 0.1, message: str = 
 def celery_worker(
     name: str, queue: str, tmp_path: Path, env: dict[str, str], *, beat=False, concurrency: int = 2
 ) -> Process:
+    """A Celery worker on `queue`. Its node name carries this process's id: a worker's
+    control queue is exclusive on the broker, so two test runs side by side must not
+    start workers of one name."""
     args = [
         sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
-        "-Q", queue, "-c", str(concurrency), "-n", f"{name}@%h", "-P", "prefork",
+        "-Q", queue, "-c", str(concurrency), "-n", f"{name}-{os.getpid()}@%h", "-P", "prefork",
         "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "info",
     ]  # fmt: skip
     if beat:

@@ -30,6 +30,8 @@ class Recorder:
             self.during_call(sender, kwargs)
         if self.delay:
             time.sleep(self.delay)
+        if isinstance(kwargs.get("payload"), dict) and kwargs["payload"].get("hang"):
+            time.sleep(kwargs["payload"]["hang"])  # a call that hangs, told by its message
         if kwargs["shard_identifier"] in self.failing:
             raise RuntimeError(f"receiver failed for shard {kwargs['shard_identifier']}")
         with self.lock:
