@@ -1,7 +1,8 @@
-"""The reference pages match the code: the settings table and the management commands' usage
-and options, committed in the Markdown as `python -m docs._ext.outbox_reference` generates
-them, and the system check ids."""
+"""The reference pages match the code: the settings table, the management commands' usage
+and options and the Python API page, committed in the Markdown as
+`python -m docs._ext.outbox_reference` generates them, and the system check ids."""
 
+import importlib
 import importlib.util
 import re
 from pathlib import Path
@@ -131,3 +132,145 @@ def test_every_exit_status_a_command_uses_has_a_meaning():
         if name.isupper() and isinstance(value, int)
     }
     assert used == set(exit_codes.MEANINGS) == set(range(7))
+
+
+API_PAGE = DOCS / "reference" / "api.md"
+
+
+def test_the_api_page_is_the_generated_one():
+    assert API_PAGE.read_text() == reference.api_page(), (
+        "docs/reference/api.md is stale: run python -m docs._ext.outbox_reference"
+    )
+
+
+def _api_headings():
+    return set(re.findall(r"^###? `([\w.]+)`$", API_PAGE.read_text(), re.MULTILINE))
+
+
+def test_the_api_page_lists_every_exported_name():
+    import outbox
+
+    headings = _api_headings()
+    assert {f"outbox.{name}" for name in outbox.__all__} <= headings
+    for section in reference.API_SECTIONS:
+        module = importlib.import_module(section.module)
+        exported = getattr(module, "__all__", reference.api_exports(section))
+        assert {f"{section.module}.{name}" for name in exported} <= headings, section.module
+
+
+# What the Sphinx page (api.rst, autodoc) documented: the generated page keeps it.
+DOCUMENTED_BEFORE = {
+    "outbox.retry": ["RetryPolicy", "Failure", "policy_for"],
+    "outbox.relays": ["Relay", "batch_receiver", "Message", "CloudEvents", "Bare"],
+    "outbox.relays.webhooks": ["WebhookRelay"],
+    "outbox.relays.amqp": ["AmqpRelay"],
+    "outbox.relays.redis_streams": ["RedisStreamRelay"],
+    "outbox.relays.kafka": ["KafkaRelay"],
+    "outbox.relays.celery_tasks": ["CeleryTaskRelay"],
+    "outbox.models": [
+        "OutboxBase",
+        "RegionOutbox",
+        "ControlOutbox",
+        "OutboxQuerySet",
+        "ShardLease",
+        "InboxRecord",
+        "ShardLeaseQuerySet",
+    ],
+    "outbox.inbox": ["prune_inbox", "inbox_databases"],
+    "outbox.exceptions": [
+        "OutboxError",
+        "OutboxConfigurationError",
+        "MetricsUnavailable",
+        "InvalidOutboxMessage",
+        "UnknownDatabase",
+        "InvalidThreshold",
+        "OutboxContextRequired",
+        "DrainInTransaction",
+        "FlushInOpenTransaction",
+        "NoReceiver",
+        "RetryLater",
+        "PermanentFailure",
+        "StuckReceivers",
+    ],
+    "outbox.signals": ["OutboxSignal"],
+    "outbox.engine": ["DrainWorker"],
+    "outbox.metrics": ["Metrics"],
+    "outbox.health": ["Thresholds", "check", "problems", "statuses", "backlog"],
+}
+MEMBERS_BEFORE = [
+    "Relay.connect",
+    "Relay.disconnect",
+    "Relay.publish",
+    "Relay.check",
+    "Relay.close",
+    "Message.shard_key",
+    "Message.time",
+    "Message.relay_headers",
+    "OutboxBase.save",
+    "OutboxBase.retry_dead",
+    "OutboxBase.discard",
+    "OutboxQuerySet.pending",
+    "OutboxQuerySet.dead",
+    "OutboxQuerySet.retry_dead",
+    "OutboxQuerySet.discard",
+    "OutboxQuerySet.bulk_create",
+    "ShardLeaseQuerySet.held",
+    "ShardLeaseQuerySet.backing_off",
+    "ShardLeaseQuerySet.expired",
+    "ShardLeaseQuerySet.live",
+    "DrainWorker.run",
+    "DrainWorker.request_stop",
+    "DrainWorker.stop_all",
+    "DrainWorker.handling_signals",
+    "Metrics.saved",
+    "RetryPolicy.row_delays",
+    "OutboxCategory.max_attempts",
+]
+
+
+def test_the_api_page_keeps_what_the_sphinx_page_documented():
+    page = API_PAGE.read_text()
+    before = {f"{module}.{name}" for module, names in DOCUMENTED_BEFORE.items() for name in names}
+    assert before <= _api_headings()
+    assert [member for member in MEMBERS_BEFORE if f"#### `{member}`\n" not in page] == []
+
+
+def test_the_api_page_reads_the_same_on_every_python():
+    page = API_PAGE.read_text()
+    # No repr with an address (an object's default) nor from the enum or typing machinery.
+    assert " at 0x" not in page and "typing." not in page and "<class " not in page
+    assert "new_class_name" not in page and "*values" not in page
+    assert "class OutboxCategory(value)\n" in page
+
+
+def test_the_api_page_links_to_its_own_headings():
+    page = API_PAGE.read_text()
+    anchors = {reference._anchor(f"`{heading}`") for heading in _api_headings()}
+    links = re.findall(r"\]\(#([^)]+)\)", page)
+    assert links
+    assert [link for link in links if link not in anchors] == []
+
+
+def test_docstrings_become_markdown():
+    doc = (
+        "Use ``a < b`` or `name` with :class:`Role`, as\n"
+        "- this line says (not a list item); see::\n"
+        "\n"
+        "    call(x)\n"
+        "\n"
+        "- a list item\n"
+        "  continued\n"
+        "- another; '<rows> rows'"
+    )
+    assert reference.markdown(doc) == (
+        "Use `a < b` or `name` with `Role`, as\n"
+        "\\- this line says (not a list item); see:\n"
+        "\n"
+        "```python\n"
+        "call(x)\n"
+        "```\n"
+        "\n"
+        "- a list item\n"
+        "  continued\n"
+        "- another; '\\<rows> rows'\n"
+    )

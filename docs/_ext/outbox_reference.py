@@ -7,13 +7,18 @@
   parser (Django's common options, the same for every command, are left out).
 - The exit status table of every command, `outbox.management.exit_codes.MEANINGS`, in the
   commands reference and in the operating how-to.
+- The whole Python API page, ``docs/reference/api.md``: every name the package's
+  documented modules export (`API_SECTIONS`), with its signature and its docstring as
+  Markdown.
 
-All are committed in the Markdown, between marker comments, so the pages read the same
-on GitHub as on the docs site; regenerate them after changing a setting or a command's
-arguments with ``python -m docs._ext.outbox_reference`` (from the repository's root).
+All are committed in the Markdown (the tables and usages between marker comments), so the
+pages read the same on GitHub as on the docs site; regenerate them after changing a
+setting, a command's arguments or the public API with
+``python -m docs._ext.outbox_reference`` (from the repository's root).
 ``tests/test_docs_reference.py`` fails while a page is stale. Nothing here depends on the
-terminal's width or on the Python version's ``--help`` layout: the Markdown is written
-from the parser's actions, not from argparse's help formatter.
+terminal's width or on the Python version: the usages are written from the parser's
+actions, not from argparse's help formatter, and the signatures from
+`inspect.signature`'s parameters, not from its text (see `api_page`).
 
 The functions import nothing from Sphinx, so the test suite can call them
 (`tests/test_docs_reference.py`) without the docs extra installed. ``docs/conf.py`` still
@@ -23,11 +28,18 @@ loads this module as an extension; it adds nothing to the build.
 from __future__ import annotations
 
 import argparse
+import ast
+import enum
+import importlib
+import inspect
 import os
 import re
+import textwrap
 from collections.abc import Callable
+from dataclasses import is_dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, NamedTuple
 
 REFERENCE = Path(__file__).resolve().parent.parent / "reference"
 GENERATOR = "python -m docs._ext.outbox_reference"
@@ -248,6 +260,535 @@ def write_exit_status_pages() -> list[Path]:
     return [path for path in EXIT_STATUS_PAGES if _regenerate(path, with_exit_status_table)]
 
 
+# The Python API page, docs/reference/api.md, generated whole: one section per module of
+# `API_SECTIONS`, and in it each name the module exports.
+
+API_PAGE = REFERENCE / "api.md"
+# Signatures longer than this are written one parameter per line.
+SIGNATURE_WIDTH = 88
+
+
+class ApiSection(NamedTuple):
+    """One module's section of the API page (a tuple, not a dataclass: the tests load this
+    file outside `sys.modules`, where a dataclass cannot resolve its annotations).
+
+    `names`: the names shown (default: the module's ``__all__``, else the public classes
+    and functions with a docstring it defines). `members`: by class name, the methods and
+    properties shown, in the order the class defines them (default: the public ones with
+    a docstring it defines). `note`: Markdown shown after the module's docstring.
+    """
+
+    module: str
+    names: tuple[str, ...] | None = None
+    members: dict[str, tuple[str, ...]] | None = None
+    note: str = ""
+
+
+API_SECTIONS = (
+    ApiSection("outbox"),
+    ApiSection(
+        "outbox.retry",
+        note="How to write and install a policy: "
+        "[Delivery: at least once, failures, sync and async](../concepts/delivery.md) "
+        "(The retry policy).",
+    ),
+    ApiSection(
+        "outbox.relays",
+        members={
+            "Relay": ("connect", "disconnect", "publish", "check", "close"),
+            "Message": ("shard_key", "time", "relay_headers"),
+        },
+        note="How to declare them: [Publish to a broker or a webhook](../howto/relays.md).",
+    ),
+    # Each relay's methods are `Relay`'s, described there.
+    ApiSection("outbox.relays.webhooks", members={"WebhookRelay": ()}),
+    ApiSection("outbox.relays.amqp", members={"AmqpRelay": ()}),
+    ApiSection("outbox.relays.redis_streams", members={"RedisStreamRelay": ()}),
+    ApiSection("outbox.relays.kafka", members={"KafkaRelay": ()}),
+    ApiSection("outbox.relays.celery_tasks", members={"CeleryTaskRelay": ()}),
+    ApiSection(
+        "outbox.models",
+        members={
+            "OutboxBase": ("save", "retry_dead", "discard"),
+            "OutboxQuerySet": ("pending", "dead", "retry_dead", "discard", "bulk_create"),
+            "ShardLeaseQuerySet": (
+                "live",
+                "held",
+                "backing_off",
+                "expired",
+                "abandoned",
+                "retry_due",
+                "not_held",
+            ),
+        },
+    ),
+    ApiSection("outbox.inbox"),
+    ApiSection("outbox.exceptions"),
+    ApiSection(
+        "outbox.signals",
+        names=("OutboxSignal",),
+        note="The signals themselves, and their arguments, are listed in [Signals](signals.md).",
+    ),
+    ApiSection(
+        "outbox.engine",
+        members={"DrainWorker": ("request_stop", "stop_all", "handling_signals", "run")},
+    ),
+    ApiSection("outbox.metrics"),
+    ApiSection("outbox.health"),
+)
+
+# What a value the code cannot describe is (a name bound in a ``try``, say).
+API_DATA_DOCS = {
+    "outbox.__version__": "The version of the installed distribution, read from its "
+    "metadata; ``0+unknown`` in a source tree that is not installed.",
+}
+
+# `ruff format` reformats the Python code blocks of Markdown pages; `fmt: off` keeps the
+# docstrings' examples as the docstrings write them.
+API_INTRO = f"""\
+# Python API
+
+<!-- fmt: off -->
+
+Generated from the code's signatures and docstrings by `{GENERATOR}`
+(edit the code, not this page).
+
+The public API: what `import outbox` exports, then what each module below exports: the
+retry policy, the relays, the models, the inbox, the exceptions, the signals, the drain
+engine, the metrics interface and the health check. A name several of them export is
+described once, under the module nearest to the one defining it; the others link there.
+"""
+
+
+def _own_doc(obj: Any) -> str | None:
+    """`obj`'s own docstring, cleaned; not one inherited, nor a dataclass's generated one."""
+    doc = obj.__dict__.get("__doc__") if isinstance(obj, type) else getattr(obj, "__doc__", None)
+    if not isinstance(doc, str) or not doc.strip():
+        return None
+    if isinstance(obj, type) and is_dataclass(obj) and doc.startswith(f"{obj.__name__}("):
+        return None
+    return inspect.cleandoc(doc)
+
+
+def api_exports(section: ApiSection) -> list[str]:
+    """The names `section` describes, in order."""
+    module = importlib.import_module(section.module)
+    if section.names is not None:
+        return list(section.names)
+    if hasattr(module, "__all__"):
+        return list(module.__all__)
+    return [
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and (inspect.isclass(value) or inspect.isfunction(value))
+        and value.__module__ == section.module
+        and _own_doc(value)
+    ]
+
+
+def _home(qualnames: list[str], defined_in: str) -> str:
+    """Of the names an object is exported as, the first under the module defining it or
+    the nearest package above that module; else the first."""
+    home, nearest = qualnames[0], -1
+    for qualname in qualnames:
+        section = qualname.rpartition(".")[0]
+        inside = defined_in == section or defined_in.startswith(section + ".")
+        if inside and len(section) > nearest:
+            home, nearest = qualname, len(section)
+    return home
+
+
+def api_homes() -> dict[int, str]:
+    """Where each exported object is described (its qualified name), by the object's id."""
+    exported: dict[int, tuple[Any, list[str]]] = {}
+    for section in API_SECTIONS:
+        module = importlib.import_module(section.module)
+        for name in api_exports(section):
+            value = getattr(module, name)
+            exported.setdefault(id(value), (value, []))[1].append(f"{section.module}.{name}")
+    return {
+        key: _home(qualnames, getattr(value, "__module__", None) or "")
+        for key, (value, qualnames) in exported.items()
+    }
+
+
+def _anchor(heading: str) -> str:
+    """The anchor GitHub and MyST give a heading (of code text)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+# A code span: ``literal``, or `interpreted text` with an optional role (:class:`x`).
+_CODE = re.compile(r"``(?P<literal>.+?)``|(?::[\w.:+-]+:)?`(?P<text>[^`]+)`", re.DOTALL)
+# A paragraph line Markdown would read as a list item, heading, quote or rule.
+_BLOCK_START = re.compile(r"^(\s*)([-+*#>=]|\d+[.)])(\s|$)")
+_LIST_ITEM = re.compile(r"^(\s*)([-+*]|\d+[.)])\s")
+
+
+def _inline(text: str) -> str:
+    """reStructuredText inline markup as Markdown: code spans kept, ``<`` escaped."""
+    parts, end = [], 0
+    for match in _CODE.finditer(text):
+        parts.append(text[end : match.start()].replace("<", "\\<"))
+        parts.append(f"`{match['literal'] or match['text']}`")
+        end = match.end()
+    parts.append(text[end:].replace("<", "\\<"))
+    return "".join(parts)
+
+
+def _paragraph(lines: list[str]) -> list[str]:
+    """One paragraph or list, as Markdown lines."""
+    is_list = bool(_LIST_ITEM.match(lines[0]))
+    if not is_list and lines[0][:1].isspace():
+        raise ValueError(f"an indented block not introduced by '::': {lines[0].strip()!r}")
+    escaped = []
+    for number, line in enumerate(lines):
+        item = is_list and _LIST_ITEM.match(line) and not line[:1].isspace()
+        if not item and (number or not is_list):
+            # Plain text in reST; a list item, heading or quote in Markdown.
+            line = _BLOCK_START.sub(lambda match: f"{match[1]}\\{match[2]}{match[3]}", line)
+        escaped.append(line)
+    return _inline("\n".join(escaped)).split("\n")
+
+
+def markdown(doc: str) -> str:
+    """A docstring, reStructuredText as this project writes it, as Markdown: ``::``
+    literal blocks become fenced Python code, code spans stay, the rest is escaped where
+    Markdown would read it otherwise."""
+    lines, out, index = doc.splitlines(), [], 0
+    while index < len(lines):
+        if not lines[index].strip():
+            index += 1
+            continue
+        paragraph = []
+        while index < len(lines) and lines[index].strip():
+            paragraph.append(lines[index])
+            index += 1
+        literal = paragraph[-1].endswith("::")
+        if literal:
+            text = paragraph[-1][:-2].rstrip()
+            paragraph[-1] = text + ":" if text and not paragraph[-1].endswith(" ::") else text
+            paragraph = [line for line in paragraph if line]
+        if paragraph:
+            out += [*_paragraph(paragraph), ""]
+        if literal:
+            block = []
+            while index < len(lines) and (not lines[index].strip() or lines[index][:1].isspace()):
+                block.append(lines[index])
+                index += 1
+            code = textwrap.dedent("\n".join(block)).strip("\n")
+            out += ["```python", code, "```", ""]
+    return "\n".join(out)
+
+
+def _annotation(annotation: Any) -> str:
+    # Under `from __future__ import annotations` (every module here) it is the source text.
+    if isinstance(annotation, str):
+        return annotation
+    if annotation is None or annotation is type(None):
+        return "None"
+    if isinstance(annotation, type):
+        return annotation.__qualname__
+    return inspect.formatannotation(annotation)
+
+
+_PLAIN = (type(None), bool, int, float, str, bytes)
+
+
+def _plain(value: Any) -> bool:
+    """Whether repr(value) is the same on every Python and in every process."""
+    if type(value) in (tuple, frozenset):
+        return all(_plain(item) for item in value)
+    return type(value) in _PLAIN
+
+
+def _source_default(function: Callable[..., Any], name: str) -> str | None:
+    """The default of parameter `name` as the source writes it, if it has a source."""
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError):
+        return None
+    definition = ast.parse(source).body[0]
+    if not isinstance(definition, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    arguments = definition.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults = [
+        *zip(
+            positional[len(positional) - len(arguments.defaults) :],
+            arguments.defaults,
+            strict=True,
+        ),
+        *zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True),
+    ]
+    for argument, default in defaults:
+        if argument.arg == name and default is not None:
+            text = ast.get_source_segment(source, default)
+            return " ".join(text.split()) if text else None
+    return None
+
+
+def _default(value: Any, function: Callable[..., Any], name: str) -> str:
+    # repr() of an object may hold its address, and of a few types differs by version.
+    if _plain(value) or repr(value) == "<factory>":  # a dataclass field's default_factory
+        return repr(value)
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__qualname__}.{value.name}"
+    source = _source_default(function, name)
+    if source is None:
+        raise ValueError(f"{function.__qualname__}({name}=...): no stable text for {value!r}")
+    return source
+
+
+def _parameters(function: Callable[..., Any], *, drop_first: bool = False) -> list[str]:
+    """The parameters of `function` as written in a definition: ``*``, ``/`` included."""
+    parameters = list(inspect.signature(function).parameters.values())
+    if drop_first:
+        parameters = parameters[1:]
+    words: list[str] = []
+    for index, parameter in enumerate(parameters):
+        kind = parameter.kind
+        if kind is parameter.KEYWORD_ONLY and not any(
+            earlier.kind in (parameter.VAR_POSITIONAL, parameter.KEYWORD_ONLY)
+            for earlier in parameters[:index]
+        ):
+            words.append("*")
+        word = {parameter.VAR_POSITIONAL: "*", parameter.VAR_KEYWORD: "**"}.get(kind, "")
+        word += parameter.name
+        if parameter.annotation is not parameter.empty:
+            word += f": {_annotation(parameter.annotation)}"
+        if parameter.default is not parameter.empty:
+            equals = " = " if parameter.annotation is not parameter.empty else "="
+            word += equals + _default(parameter.default, function, parameter.name)
+        words.append(word)
+        following = parameters[index + 1].kind if index + 1 < len(parameters) else None
+        if kind is parameter.POSITIONAL_ONLY and following is not kind:
+            words.append("/")
+    return words
+
+
+def _returns(function: Callable[..., Any]) -> str:
+    returns = inspect.signature(function).return_annotation
+    return "" if returns is inspect.Signature.empty else f" -> {_annotation(returns)}"
+
+
+def _definition(head: str, parameters: list[str] | None, tail: str = "") -> str:
+    """``head(parameters)tail``, one parameter per line when it is too long."""
+    if parameters is None:
+        return head + tail
+    line = f"{head}({', '.join(parameters)}){tail}"
+    if len(line) <= SIGNATURE_WIDTH or not parameters:
+        return line
+    return f"{head}(\n" + "".join(f"    {word},\n" for word in parameters) + f"){tail}"
+
+
+def _decorators(function: Callable[..., Any]) -> str:
+    """The decorator lines a reader needs: a context manager's (its signature is the
+    generator's, `inspect.signature` following ``__wrapped__``)."""
+    wrapped = inspect.unwrap(function)
+    code = getattr(function, "__code__", None)
+    if wrapped is function or code is None or not code.co_filename.endswith("contextlib.py"):
+        return ""
+    return "@asynccontextmanager\n" if inspect.isasyncgenfunction(wrapped) else "@contextmanager\n"
+
+
+def _code(text: str) -> str:
+    return f"```python\n{text}\n```\n"
+
+
+def _class_parameters(cls: type) -> list[str] | None:
+    """The parameters of calling `cls` (None: a built-in's, shown as nothing)."""
+    if issubclass(cls, enum.Enum):
+        return ["value"]  # a member by its value; the functional API is Python's
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            return _parameters(init, drop_first=True) if inspect.isfunction(init) else None
+    return None
+
+
+def _raw_member(cls: type, name: str) -> Any:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    raise AttributeError(f"{cls.__qualname__} has no member {name!r}")
+
+
+def _member_function(member: Any) -> Callable[..., Any] | None:
+    """The function behind a method, classmethod, staticmethod or property."""
+    if isinstance(member, (classmethod, staticmethod)):
+        return member.__func__
+    if isinstance(member, property):
+        return member.fget
+    if inspect.isfunction(member):
+        return member
+    function = getattr(member, "func", None)  # functools' and Django's cached_property
+    return function if "cached_property" in type(member).__name__ else None
+
+
+def _member_doc(cls: type, name: str) -> str | None:
+    """The member's docstring, inherited from a class of this package if it has none."""
+    for klass in cls.__mro__:
+        function = _member_function(klass.__dict__.get(name))
+        doc = _own_doc(function) if function is not None else None
+        if doc:
+            return doc if klass.__module__.startswith("outbox") else None
+    return None
+
+
+def api_members(section: ApiSection, cls: type) -> list[str]:
+    """The members of `cls` its section shows, in the order the class defines them."""
+    chosen = (section.members or {}).get(cls.__name__)
+    if chosen is not None:
+        order = [name for klass in cls.__mro__ for name in vars(klass)]
+        return sorted(chosen, key=order.index)
+    # Not an override of a documented member: described where it is first defined.
+    return [
+        name
+        for name, member in vars(cls).items()
+        if not name.startswith("_")
+        and (function := _member_function(member)) is not None
+        and _own_doc(function)
+    ]
+
+
+def _member(cls: type, name: str) -> str:
+    member = _raw_member(cls, name)
+    function = _member_function(member)
+    if function is None:
+        raise ValueError(f"{cls.__qualname__}.{name} is no method nor property")
+    decorator = {classmethod: "@classmethod\n", staticmethod: "@staticmethod\n"}.get(
+        type(member), ""
+    )
+    if function is not member and not decorator:
+        decorator = f"@{type(member).__name__}\n"  # property, cached_property
+    decorator += _decorators(function)
+    keyword = "async def" if inspect.iscoroutinefunction(function) else "def"
+    definition = _definition(f"{keyword} {name}", _parameters(function), _returns(function))
+    doc = _member_doc(cls, name)
+    text = f"#### `{cls.__name__}.{name}`\n\n" + _code(decorator + definition)
+    return text + (f"\n{markdown(doc)}" if doc else "")
+
+
+def _bases(cls: type) -> str:
+    bases = [base for base in cls.__bases__ if base is not object]
+    if not bases:
+        return ""
+    return "Bases: " + ", ".join(f"`{base.__qualname__}`" for base in bases) + ".\n\n"
+
+
+def _class(section: ApiSection, name: str, cls: type) -> str:
+    doc = _own_doc(cls)
+    text = _code(_definition(f"class {name}", _class_parameters(cls))) + "\n" + _bases(cls)
+    text = (text + (markdown(doc) if doc else "")).rstrip("\n") + "\n"
+    return "\n".join([text, *(_member(cls, member) for member in api_members(section, cls))])
+
+
+def _function(name: str, function: Callable[..., Any]) -> str:
+    keyword = "async def" if inspect.iscoroutinefunction(function) else "def"
+    definition = _definition(f"{keyword} {name}", _parameters(function), _returns(function))
+    doc = _own_doc(function)
+    return _code(_decorators(function) + definition) + (f"\n{markdown(doc)}" if doc else "")
+
+
+def _assignment(module_name: str, name: str) -> tuple[str, ast.stmt, ast.stmt | None] | None:
+    """(the module's source, the statement assigning `name`, the statement after it),
+    followed through ``from ... import name``."""
+    source = inspect.getsource(importlib.import_module(module_name))
+    bodies = [ast.parse(source).body]
+    for body in bodies:
+        for index, statement in enumerate(body):
+            if isinstance(statement, (ast.If, ast.Try)):
+                bodies.append(statement.body)
+            imported = isinstance(statement, ast.ImportFrom) and statement.module
+            if imported and any(
+                alias.name == name and alias.asname in (None, name) for alias in statement.names
+            ):
+                return _assignment(statement.module, name)
+            targets = (
+                statement.targets
+                if isinstance(statement, ast.Assign)
+                else [statement.target]
+                if isinstance(statement, ast.AnnAssign)
+                else []
+            )
+            if any(isinstance(target, ast.Name) and target.id == name for target in targets):
+                after = body[index + 1] if index + 1 < len(body) else None
+                return source, statement, after
+    return None
+
+
+def _data(module: ModuleType, name: str, value: Any) -> str:
+    """A value: its annotation or literal as the source writes it, and its docstring (a
+    string after it) or the comment above it."""
+    definition, doc = f"{name}: {type(value).__qualname__}", None
+    found = _assignment(module.__name__, name)
+    if found is not None:
+        source, statement, after = found
+        if isinstance(statement, ast.AnnAssign):
+            definition = f"{name}: {ast.get_source_segment(source, statement.annotation)}"
+        elif isinstance(statement, ast.Assign):
+            try:
+                ast.literal_eval(statement.value)
+                definition = f"{name} = {ast.get_source_segment(source, statement.value)}"
+            except ValueError:
+                pass
+        if (
+            isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            doc = inspect.cleandoc(after.value.value)
+        else:
+            above = source.splitlines()[: statement.lineno - 1]
+            comments = []
+            while above and above[-1].strip().startswith("#"):
+                comments.insert(0, above.pop().strip().lstrip("#:").strip())
+            doc = " ".join(comments) or None
+    doc = doc or API_DATA_DOCS.get(f"{module.__name__}.{name}")
+    return _code(definition) + (f"\n{markdown(doc)}" if doc else "")
+
+
+def _described(section: ApiSection, module: ModuleType, name: str, value: Any) -> str:
+    if inspect.isclass(value):
+        return _class(section, name, value)
+    if callable(value):
+        return _function(name, value)
+    return _data(module, name, value)
+
+
+def api_page() -> str:
+    """The API page: a section per module of `API_SECTIONS`, a heading per name."""
+    homes = api_homes()
+    parts = [API_INTRO]
+    for section in API_SECTIONS:
+        module = importlib.import_module(section.module)
+        doc = _own_doc(module)
+        parts.append(f"## `{section.module}`\n")
+        if doc:
+            parts.append(markdown(doc))
+        if section.note:
+            parts.append(section.note + "\n")
+        for name in api_exports(section):
+            value = getattr(module, name)
+            qualname, home = f"{section.module}.{name}", homes[id(value)]
+            parts.append(f"### `{qualname}`\n")
+            if home == qualname:
+                parts.append(_described(section, module, name, value))
+            else:
+                parts.append(f"The same object as [`{home}`](#{_anchor(home)}).\n")
+    return "\n".join(parts)
+
+
+def write_api_page() -> bool:
+    """Regenerate ``docs/reference/api.md``; True if the file changed."""
+    new = api_page()
+    changed = not API_PAGE.exists() or API_PAGE.read_text() != new
+    if changed:
+        API_PAGE.write_text(new)
+    return changed
+
+
 def setup(app: Any) -> dict[str, Any]:
     # Loaded by docs/conf.py; the pages hold the generated text already.
     return {"version": "2", "parallel_read_safe": True, "parallel_write_safe": True}
@@ -260,7 +801,11 @@ if __name__ == "__main__":
     import django
 
     django.setup()
-    for path, write in ((SETTINGS_PAGE, write_settings_page), (COMMANDS_PAGE, write_commands_page)):
+    for path, write in (
+        (SETTINGS_PAGE, write_settings_page),
+        (COMMANDS_PAGE, write_commands_page),
+        (API_PAGE, write_api_page),
+    ):
         print(f"{path}: {'regenerated' if write() else 'already up to date'}")
     for path in write_exit_status_pages():
         print(f"{path}: exit statuses regenerated")
