@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from outbox.engine.rounds import DrainStats
 from outbox.engine.slots import SlotPool
+from outbox.engine.stragglers import KeptStragglers
 from outbox.engine.table import Drainer
 from outbox.models import OutboxBase, outbox_models
 from outbox.shards import ShardKey
@@ -25,12 +26,14 @@ def drain_outboxes(
     stop: threading.Event | None = None,
     concurrency: int | None = None,
     slots: SlotPool | None = None,
+    stragglers: KeptStragglers | None = None,
 ) -> DrainStats:
     """Drain every due shard of the given tables (all of them by default) once, in the
     calling thread: no signals, no graceful timeout (a backlog's settles may run on a
     helper thread meanwhile; all are done on return). `concurrency`: how many shards
     are delivered at once (default `OUTBOX_CONCURRENCY`); `slots`: a pool of slot
-    threads the caller keeps across drains instead (`DrainWorker` does)."""
+    threads the caller keeps across drains instead (`DrainWorker` does), and `stragglers`
+    the calls it lets run on them past a drain (not waited for here)."""
     stats = DrainStats()
     for model in models or outbox_models():
         drainer = Drainer(
@@ -41,6 +44,7 @@ def drain_outboxes(
             stop=stop,
             concurrency=concurrency,
             slots=slots,
+            stragglers=stragglers,
         )
         result = drainer.drain(deadline=deadline)
         stats.add(result)

@@ -5,6 +5,12 @@ of its own with the window's token that the keeper renews, while its slot finish
 The drain settles it once it lands, between its own batches, batching every straggler
 that landed meanwhile into one settle per window lease.
 
+A one-shot drain waits for its stragglers before it returns, claiming other shards
+meanwhile. A loop keeps them across its rounds instead (`KeptStragglers`): a round ends
+as soon as nothing is due, whatever still runs, so neither the next round, nor the other
+tables, nor the loop's wait for a write is held by one call; each round settles what
+landed, and a landing ends the loop's wait (`on_land`).
+
 A call running past `OUTBOX_RECEIVER_TIMEOUT_SECONDS` is given up: what the shard
 delivered before it is settled, the call counts as a failed attempt (`TimeoutError`),
 its rows are rescheduled with back-off, and the shard's lease is let go. The thread
@@ -20,7 +26,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import outbox.engine.events as events
@@ -53,6 +59,8 @@ class Stragglers:
         self._holdings: dict[ShardTask, Holding] = {}
         self._landed: deque[ShardTask] = deque()
         self._wake = threading.Event()
+        # Called (from a slot thread) when a straggler lands: a loop's wait ends.
+        self.on_land: Callable[[], None] | None = None
 
     @property
     def running(self) -> bool:
@@ -75,10 +83,12 @@ class Stragglers:
     def _land(self, task: ShardTask) -> None:
         self._landed.append(task)
         self._wake.set()
+        if self.on_land is not None:
+            self.on_land()
 
-    def settle(self, stats: DrainStats, *, wait: float = 0.0) -> None:
+    def settle(self, stats: DrainStats, *, wait: float = 0.0) -> int:
         """Settle the shards that landed and give up the calls past the timeout, after
-        waiting up to `wait` seconds for one to land."""
+        waiting up to `wait` seconds for one to land; how many shards were settled."""
         if wait and not self._landed:
             self._wake.wait(wait)
         self._wake.clear()
@@ -101,6 +111,7 @@ class Stragglers:
                 f"{self.pool.stuck} receiver calls are still running past "
                 f"OUTBOX_RECEIVER_TIMEOUT_SECONDS (limit OUTBOX_MAX_STUCK_RECEIVERS={limit})"
             )
+        return len(rounds)
 
     def waited(self, stats: DrainStats) -> bool:
         """Nothing was claimed: while stragglers run, wait a little for one to land,
@@ -196,6 +207,33 @@ class Stragglers:
         merged.add_to(stats, settled.deleted)
 
 
+class KeptStragglers:
+    """A loop's stragglers, one `Stragglers` per table and database, kept across its
+    rounds on its kept pool of slots; `on_land` is told whenever one lands."""
+
+    def __init__(self, pool: SlotPool, on_land: Callable[[], None] | None = None) -> None:
+        self.pool = pool
+        self.on_land = on_land
+        self._by_table: dict[tuple[str, str], Stragglers] = {}
+
+    def of(self, backend: OutboxBackend, model: type[OutboxBase], using: str) -> Stragglers:
+        key = (model._meta.label, using)
+        stragglers = self._by_table.get(key)
+        if stragglers is None:
+            stragglers = self._by_table[key] = Stragglers(backend, model, using, self.pool)
+            stragglers.on_land = self.on_land
+        return stragglers
+
+    def close(self, stats: DrainStats) -> None:
+        """The loop ends: wait for every straggler to land or time out, settling each."""
+        for stragglers in self._by_table.values():
+            stragglers.close(stats)
+
+    def abandon(self, stats: DrainStats) -> None:
+        for stragglers in self._by_table.values():
+            stragglers.abandon(stats)
+
+
 @contextmanager
 def on_slots(
     backend: OutboxBackend,
@@ -204,12 +242,17 @@ def on_slots(
     size: int,
     kept: SlotPool | None,
     stats: DrainStats,
+    kept_stragglers: KeptStragglers | None = None,
 ) -> Iterator[tuple[SlotPool, Stragglers] | None]:
     """One drain's slot threads (`kept`, the caller's pool, or `size` new ones; None with
     a size of 1) and its stragglers. On leaving: wait for the stragglers, settling each,
-    then end the threads of a pool made here."""
+    then end the threads of a pool made here; stragglers a loop keeps
+    (`kept_stragglers`, on its kept pool) are left running, for its next rounds."""
     if kept is None and size <= 1:
         yield None
+        return
+    if kept is not None and kept_stragglers is not None:
+        yield kept, kept_stragglers.of(backend, model, using)
         return
     slots = kept or SlotPool(size)
     stragglers = Stragglers(backend, model, using, slots)

@@ -34,7 +34,7 @@ from outbox.engine.pace import Pace, rows_per_shard, shard_budget
 from outbox.engine.pipeline import ClaimAhead, Claimed, SettleBehind, Unsettled
 from outbox.engine.rounds import DrainStats
 from outbox.engine.slots import SlotPool
-from outbox.engine.stragglers import Stragglers, on_slots
+from outbox.engine.stragglers import KeptStragglers, Stragglers, on_slots
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
@@ -59,6 +59,7 @@ class Drainer:
         stop: threading.Event | None = None,
         concurrency: int | None = None,
         slots: SlotPool | None = None,
+        stragglers: KeptStragglers | None = None,
     ) -> None:
         self.model = model
         self.using = using or router.db_for_write(model)
@@ -69,6 +70,9 @@ class Drainer:
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"[:128]
         self.concurrency = concurrency  # None: OUTBOX_CONCURRENCY
         self._kept_slots = slots  # a pool kept by the caller across drains, else None
+        # A loop's stragglers, kept across its drains on `slots`: a drain does not wait
+        # for them (else None: it waits for its own before it returns).
+        self._kept_stragglers = stragglers
         self._stragglers: Stragglers | None = None  # while delivering on slots
         self._batch = BatchWorker(self.model, self.using, self.backend, self.stop)
         self._claims = Claims(self._batch, self.holder, scopes, identifiers)
@@ -94,7 +98,9 @@ class Drainer:
     def _delivering_on_slots(self, stats: DrainStats) -> Iterator[None]:
         """Inside, deliver on slot threads where the concurrency asks for them."""
         size, kept = self._slot_count, self._kept_slots
-        with on_slots(self.backend, self.model, self.using, size, kept, stats) as pair:
+        with on_slots(
+            self.backend, self.model, self.using, size, kept, stats, self._kept_stragglers
+        ) as pair:
             batch = self._batch
             batch.slots, batch.stragglers = pair or (None, None)
             self._stragglers = batch.stragglers
@@ -156,12 +162,17 @@ class Drainer:
 
     def _claim_again(self, stats: DrainStats) -> bool:
         """The due shards ran out: whether to claim again. Yes when stragglers landed
-        meanwhile (their shards may have been written to since), and, once per drain,
-        when backing-off shards that a new message reached were woken for one early
-        attempt: looked for here, not before the first claim, which a fresh message
-        waits for."""
-        if self._stragglers is not None and self._stragglers.waited(stats):
-            return True
+        meanwhile (their shards may have been written to since): a one-shot drain waits
+        a little for one while any runs; a loop's drain does not wait, its next round
+        comes when a straggler lands or a write is told. And, once per drain, yes when
+        backing-off shards that a new message reached were woken for one early attempt:
+        looked for here, not before the first claim, which a fresh message waits for."""
+        if self._stragglers is not None:
+            if self._kept_stragglers is not None:
+                if self._stragglers.settle(stats):
+                    return True
+            elif self._stragglers.waited(stats):
+                return True
         if self._woken:
             return False
         self._woken = True

@@ -77,8 +77,12 @@ class Waiter:
         self.connected: set[str] = set()
         self._retry_at = 0.0
         self._wake: tuple[socket.socket, socket.socket] | None = None
+        # `wake()` was called: the wait under way, or the next one, ends (drain now).
+        self._woken = threading.Event()
 
     def __enter__(self) -> Waiter:
+        if isinstance(self.stop, StopEvent):
+            self.stop.on_set.append(self._woken.set)  # a stop ends a plain wait too
         if self.listeners:
             self._wake = socket.socketpair()
             for end in self._wake:
@@ -94,8 +98,10 @@ class Waiter:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if isinstance(self.stop, StopEvent) and self._interrupt in self.stop.on_set:
-            self.stop.on_set.remove(self._interrupt)
+        if isinstance(self.stop, StopEvent):
+            for callback in (self._interrupt, self._woken.set):
+                if callback in self.stop.on_set:
+                    self.stop.on_set.remove(callback)
         self._drop(*self.connected)
         if self._wake is not None:
             for end in self._wake:
@@ -110,13 +116,18 @@ class Waiter:
         is told."""
         return self.databases == self.connected
 
+    def wake(self) -> None:
+        """From any thread: end the wait under way, or the next one, as a notification
+        would (the drain's straggling call landed: settle it now)."""
+        self._woken.set()
+        self._interrupt()
+
     def wait(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds; True when woken by a notification or a
-        reconnect (drain now), False at the timeout or a stop request."""
+        """Wait up to `timeout` seconds; True when woken by a notification, a reconnect
+        or `wake()` (drain now), False at the timeout or a stop request."""
         deadline = time.monotonic() + timeout
         if self._wake is None:
-            self.stop.wait(timeout)
-            return False
+            return self._plain_wait(deadline)
         try:
             return self._connect() or self._listen(deadline)  # reconnected: drain now
         except Exception:  # the wake-up only hastens the drain: never let it end it
@@ -129,9 +140,25 @@ class Waiter:
             self.stop.wait(max(deadline - time.monotonic(), 0.0))
             return False
 
+    def _plain_wait(self, deadline: float) -> bool:
+        """No listener: sleep until the deadline, a stop request or `wake()`."""
+        slice_ = None if isinstance(self.stop, StopEvent) else _PLAIN_EVENT_SLICE
+        while not self.stop.is_set():
+            if self._woken.is_set():
+                self._woken.clear()
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._woken.wait(remaining if slice_ is None else min(remaining, slice_))
+        return False
+
     def _listen(self, deadline: float) -> bool:
         assert self._wake is not None
         while not self.stop.is_set():
+            if self._woken.is_set():
+                self._woken.clear()
+                return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False

@@ -30,6 +30,7 @@ from outbox.conf import outbox_settings
 from outbox.engine.drain import drain_outboxes
 from outbox.engine.rounds import DrainOutcome, DrainStats, StopRequest
 from outbox.engine.slots import SlotPool, kept_slots
+from outbox.engine.stragglers import KeptStragglers
 from outbox.engine.table import Drainer
 from outbox.engine.wakeup import StopEvent, Waiter
 from outbox.exceptions import DrainInTransaction
@@ -247,26 +248,52 @@ class DrainWorker:
         # An idle loop waits for a write to its tables (LISTEN/NOTIFY) or the interval.
         waiter = Waiter(self.models, self.using, self._stop, listen=self.loop)
         with waiter, kept_slots(self.concurrency) as slots:
-            while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
-                slice_end = time.monotonic() + self.progress_every if self.progress_every else None
-                if deadline is not None:
-                    slice_end = min(slice_end or deadline, deadline)
-                stats = self._drain_round(slice_end, slots)
-                total.add(stats)
-                if self.on_round is not None:
-                    self.on_round()
-                cut_short = slice_end is not None and time.monotonic() >= slice_end
-                if cut_short and stats.shards and self.on_progress is not None:
-                    self.on_progress(total, time.monotonic() - started)
-                if not (cut_short and stats.shards) and not self.loop:
-                    break
-                # After a round that delivered, look again at once, unless every
-                # write since its last claim is told to the wait anyway.
-                if not stats.shards or (not cut_short and waiter.hears_every_write):
-                    waiter.wait(outbox_settings.LOOP_INTERVAL_SECONDS)
+            # A loop's calls still running after their round go on across rounds: a
+            # round never waits for them, and one landing ends the wait, to settle it.
+            # (A one-shot drain waits for its own, claiming other shards meanwhile.)
+            stragglers = None
+            if slots is not None and self.loop:
+                stragglers = KeptStragglers(slots, on_land=waiter.wake)
+            try:
+                self._rounds(deadline, slots, stragglers, waiter, started)
+            except BaseException:
+                if stragglers is not None:
+                    stragglers.abandon(total)  # what it cannot settle is logged
+                raise
+            if stragglers is not None:
+                stragglers.close(total)
         return total
 
-    def _drain_round(self, deadline: float | None, slots: SlotPool | None) -> DrainStats:
+    def _rounds(
+        self,
+        deadline: float | None,
+        slots: SlotPool | None,
+        stragglers: KeptStragglers | None,
+        waiter: Waiter,
+        started: float,
+    ) -> None:
+        total = self._total
+        while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            slice_end = time.monotonic() + self.progress_every if self.progress_every else None
+            if deadline is not None:
+                slice_end = min(slice_end or deadline, deadline)
+            stats = self._drain_round(slice_end, slots, stragglers)
+            total.add(stats)
+            if self.on_round is not None:
+                self.on_round()
+            cut_short = slice_end is not None and time.monotonic() >= slice_end
+            if cut_short and stats.shards and self.on_progress is not None:
+                self.on_progress(total, time.monotonic() - started)
+            if not (cut_short and stats.shards) and not self.loop:
+                break
+            # After a round that delivered, look again at once, unless every
+            # write since its last claim is told to the wait anyway.
+            if not stats.shards or (not cut_short and waiter.hears_every_write):
+                waiter.wait(outbox_settings.LOOP_INTERVAL_SECONDS)
+
+    def _drain_round(
+        self, deadline: float | None, slots: SlotPool | None, stragglers: KeptStragglers | None
+    ) -> DrainStats:
         try:
             return drain_outboxes(
                 self.models,
@@ -279,6 +306,7 @@ class DrainWorker:
                 # start a pool of OUTBOX_CONCURRENCY slot threads of its own.
                 concurrency=self.concurrency,
                 slots=slots,
+                stragglers=stragglers,
             )
         except (OperationalError, InterfaceError):
             if not self.loop:

@@ -1,0 +1,117 @@
+"""A hung receiver call holds only its own shard: under `drain_outboxes --loop`, as an
+operator runs it (default settings), one call hangs while a writer commits single
+messages to other shards, of the same table and of the other one; those are delivered
+within a second of their commit all the while. And a call that outlasts its round is
+settled as it returns, not at the loop's next poll."""
+
+import statistics
+import sys
+import threading
+import time
+
+import pytest
+
+from outbox.engine import DrainWorker
+from outbox.models import ControlOutbox, RegionOutbox, ShardLease
+from tests.conftest import committing, server_database_only
+from tests.factories import RegionOutboxFactory
+from tests.testapp.categories import Category, Scope
+from tests.testapp.models import Delivery
+from tests.workers import Process, wait_until, worker_env
+
+pytestmark = [committing]
+
+HANG_SECONDS = 30  # the one call's hang: every write below falls inside it
+WRITE_SECONDS = 8
+PER_SECOND = 100
+SHARDS = 200
+HUNG_SHARD = 10_000
+
+
+def commit_one(table: str, shard: int, obj: int, payload: dict) -> None:
+    if table == "region":
+        RegionOutbox.objects.create(
+            shard_scope=Scope.ORGANIZATION,
+            shard_identifier=shard,
+            category=Category.ORGANIZATION_UPDATE,
+            object_identifier=obj,
+            payload=payload,
+        )
+    else:
+        ControlOutbox.objects.create(
+            region_name="us",
+            shard_scope=Scope.USER,
+            shard_identifier=shard,
+            category=Category.USER_UPDATE,
+            object_identifier=obj,
+            payload=payload,
+        )
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, int(len(ordered) * share) - 1)]
+
+
+@server_database_only
+@pytest.mark.parametrize("concurrency", [4, 16])
+@pytest.mark.parametrize("table", ["region", "control"])
+def test_a_hung_call_holds_only_its_shard_in_the_loop(tmp_path, concurrency, table):
+    env = worker_env(OUTBOX_CONCURRENCY=concurrency)  # the receiver timeout (60 s) is longer
+    args = [sys.executable, "-m", "django", "drain_outboxes", "--loop"]
+    process = Process(args, env, tmp_path / "drain.log")
+    try:
+        commit_one("region", HUNG_SHARD, 1, {"hang": HANG_SECONDS})
+        wait_until(
+            lambda: lease_held(HUNG_SHARD), 10, message=f"no call started:\n{process.output()}"
+        )
+        written = 0
+        started = time.monotonic()
+        while (now := time.monotonic()) - started < WRITE_SECONDS:
+            commit_one(table, written % SHARDS, written, {"written": now})
+            written += 1
+            time.sleep(max(0.0, started + written / PER_SECOND - time.monotonic()))
+        wait_until(
+            lambda: Delivery.objects.exclude(shard_identifier=HUNG_SHARD).count() >= written,
+            timeout=HANG_SECONDS - WRITE_SECONDS - 5,
+            message=f"not delivered within the hang:\n{process.output()}",
+        )
+        assert not Delivery.objects.filter(shard_identifier=HUNG_SHARD).exists()  # still hung
+    finally:
+        process.popen.kill()
+        process.popen.wait(10)
+    lags = [
+        call.started - call.payload["written"]
+        for call in Delivery.objects.exclude(shard_identifier=HUNG_SHARD)
+    ]
+    p50, p99 = statistics.median(lags), percentile(lags, 0.99)
+    print(
+        f"{table}, concurrency {concurrency}: {written} messages, lag p50 {p50:.3f}s p99 {p99:.3f}s"
+    )
+    assert len(lags) == written
+    assert p99 <= 1.0, f"{table}, concurrency {concurrency}: lag p99 {p99:.2f}s, p50 {p50:.2f}s"
+
+
+def lease_held(shard: int) -> bool:
+    return ShardLease.objects.filter(shard_identifier=shard, holder__gt="").exists()
+
+
+def test_a_call_that_outlasts_its_round_is_settled_as_it_returns(calls, settings):
+    """Nothing else is written, and the loop's poll is 30 s away: the straggler's
+    landing ends the loop's wait, and its row is deleted and its shard released then."""
+    settings.OUTBOX_LOOP_INTERVAL_SECONDS = 30
+    settings.OUTBOX_CONCURRENCY = 4
+    RegionOutboxFactory(shard_identifier=1, payload={"hang": 1.5})
+    worker = DrainWorker([RegionOutbox], loop=True)
+    runner = threading.Thread(target=worker.run)
+    started = time.monotonic()
+    runner.start()
+    try:
+        wait_until(lambda: not RegionOutbox.objects.exists(), timeout=10)
+        settled_after = time.monotonic() - started
+    finally:
+        worker.request_stop()
+        runner.join(30)
+    assert len(calls.calls) == 1
+    assert 1.5 <= settled_after < 4.0, settled_after
+    assert not ShardLease.objects.filter(shard_identifier=1, holder__gt="").exists()
