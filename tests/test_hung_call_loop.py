@@ -29,11 +29,14 @@ HUNG_SHARD = 10_000
 
 
 def commit_one(table: str, shard: int, obj: int, payload: dict) -> None:
-    if table == "region":
+    if table in ("region", "region-async"):
         RegionOutbox.objects.create(
             shard_scope=Scope.ORGANIZATION,
             shard_identifier=shard,
-            category=Category.ORGANIZATION_UPDATE,
+            # AUDIT_EVENT: an `async def` receiver's only (OUTBOX_TEST_ASYNC_AUDIT)
+            category=Category.AUDIT_EVENT
+            if table == "region-async"
+            else Category.ORGANIZATION_UPDATE,
             object_identifier=obj,
             payload=payload,
         )
@@ -54,14 +57,20 @@ def percentile(values: list[float], share: float) -> float:
 
 
 @server_database_only
-@pytest.mark.parametrize("concurrency", [4, 16])
-@pytest.mark.parametrize("table", ["region", "control"])
+@pytest.mark.parametrize(
+    ("table", "concurrency"),
+    [("region", 4), ("region", 16), ("control", 4), ("control", 16), ("region-async", 4)],
+)
 def test_a_hung_call_holds_only_its_shard_in_the_loop(tmp_path, concurrency, table):
+    """`region-async`: every call is an `async def` receiver's, the hung one too."""
     env = worker_env(OUTBOX_CONCURRENCY=concurrency)  # the receiver timeout (60 s) is longer
+    if table == "region-async":
+        env["OUTBOX_TEST_ASYNC_AUDIT"] = "1"
     args = [sys.executable, "-m", "django", "drain_outboxes", "--loop"]
     process = Process(args, env, tmp_path / "drain.log")
     try:
-        commit_one("region", HUNG_SHARD, 1, {"hang": HANG_SECONDS})
+        hung_table = "region-async" if table == "region-async" else "region"
+        commit_one(hung_table, HUNG_SHARD, 1, {"hang": HANG_SECONDS})
         wait_until(
             lambda: lease_held(HUNG_SHARD), 10, message=f"no call started:\n{process.output()}"
         )

@@ -1,5 +1,6 @@
 """Receivers of the test app: they record every call, and can be told to fail or wait."""
 
+import asyncio
 import os
 import threading
 import time
@@ -66,3 +67,22 @@ def record(sender, **kwargs):
 def write_ledger(sender, object_identifier, **kwargs):
     Ledger.objects.create(entry=object_identifier)
     recorder(sender, object_identifier=object_identifier, **kwargs)
+
+
+async def record_async(sender, **kwargs):
+    """An `async def` receiver for worker processes (OUTBOX_TEST_ASYNC_AUDIT, see
+    tests/testapp/apps.py): journals each call; a message's `hang` is awaited."""
+    started = time.monotonic()
+    payload = kwargs.get("payload")
+    if isinstance(payload, dict) and payload.get("hang"):
+        await asyncio.sleep(payload["hang"])
+    await Delivery.objects.acreate(
+        category=sender,
+        shard_identifier=kwargs["shard_identifier"],
+        object_identifier=kwargs["object_identifier"],
+        payload=payload,
+        thread=threading.current_thread().name,
+        process=os.getpid(),
+        started=started,
+        ended=time.monotonic(),
+    )
