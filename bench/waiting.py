@@ -12,7 +12,8 @@ the shard's order. The ideal rate keeps every slot busy all the time:
 min(shards, concurrency x processes) / wait.
 
 - sync 10 ms at concurrency 32, at the default concurrency and at concurrency 1;
-- the concurrency-1 shape in 4 processes at once (one-shot drains), against 1 process;
+- the concurrency-1 and the default-concurrency shapes in 4 processes at once (one-shot
+  drains), each against 1 process;
 - an `async def` receiver awaiting a 50 ms sleep, one message per shard, concurrency 200;
 - 20 messages per shard (order kept across the slots), concurrency 32;
 - one call hung among the shards (concurrency 8): when every other shard was delivered

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from bench.waiting_runs import Plan
 
 HUNG_GOAL_S = 2.0  # every other shard settled within this long of the drain's start
-PROCESS_GOAL = 0.75  # N processes at concurrency 1: at least 0.75 x N times one process
+PROCESS_GOAL = 0.75  # N processes (concurrency 1, or the default): 0.75 x N times one
 PROCRASTINATE_GOAL = 2.0  # ours at concurrency 32 over procrastinate's worker at 32
 
 
@@ -40,8 +40,8 @@ def plans(mode: str) -> list[Plan]:
 
 
 def _sync_plans(sizes: Sizes) -> list[Plan]:
-    """The sync 10 ms shapes of the same messages: concurrency 32, the default, 1, and
-    concurrency 1 in several processes; procrastinate's worker at 32."""
+    """The sync 10 ms shapes of the same messages: concurrency 32, the default (in one
+    process and in several), 1 (in one and in several); procrastinate's worker at 32."""
     from outbox.conf import outbox_settings
 
     shards, per_shard = sizes.sync
@@ -55,6 +55,14 @@ def _sync_plans(sizes: Sizes) -> list[Plan]:
             f"{title}, default concurrency ({default})",
             concurrency=default,
             default_concurrency=True,
+            **same,
+        ),
+        Plan(
+            "sync_default_processes",
+            f"{title}, default concurrency ({default}), {sizes.processes} processes",
+            concurrency=default,
+            default_concurrency=True,
+            processes=sizes.processes,
             **same,
         ),
         Plan("sync_c1", f"{title}, concurrency 1", concurrency=1, **same),

@@ -35,16 +35,20 @@ def comparisons(
 ) -> list[dict[str, Any]]:
     """The shapes side by side: processes, concurrency, procrastinate."""
     found = []
-    one, many = shapes.get("sync_c1"), shapes.get("sync_c1_processes")
-    if one and many and one["per_s"]:
-        goal = process_goal * many["processes"]
-        found.append(
-            _compare(
-                f"{many['processes']} processes ÷ 1 process (concurrency 1)",
-                many["per_s"] / one["per_s"],
-                goal,
+    for single, several, which in (
+        ("sync_c1", "sync_c1_processes", "concurrency 1"),
+        ("sync_default", "sync_default_processes", "default concurrency"),
+    ):
+        one, many = shapes.get(single), shapes.get(several)
+        if one and many and one["per_s"]:
+            found.append(
+                _compare(
+                    f"{many['processes']} processes ÷ 1 process ({which})",
+                    many["per_s"] / one["per_s"],
+                    process_goal * many["processes"],
+                )
             )
-        )
+    one = shapes.get("sync_c1")
     for name in ("sync_c32", "sync_default"):
         shape = shapes.get(name)
         if shape and one and one["per_s"]:

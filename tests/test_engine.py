@@ -245,9 +245,9 @@ def engine_statements(captured):
 
 @pytest.mark.parametrize(("shards", "groups"), [(1, 1), (1, 50), (100, 1), (100, 50)])
 def test_query_count_does_not_grow_with_shards_or_groups(shards, groups, settings):
-    # Eight slots: the first claim (16 shards a slot) takes all 100 shards, and the
+    # 32 slots: the first claim (4 shards a slot) takes all 100 shards, and the
     # statements below stay on the drain's own connection while slots deliver.
-    settings.OUTBOX_CONCURRENCY = 8
+    settings.OUTBOX_CONCURRENCY = 32
     settings.OUTBOX_BATCH_SHARDS = 100
     settings.OUTBOX_BATCH_ROWS = 10_000
     RegionOutbox.objects.bulk_create(
@@ -275,7 +275,7 @@ def test_query_count_does_not_grow_with_shards_or_groups(shards, groups, setting
 
 @pytest.mark.parametrize("shards", [500, 1500])
 def test_one_message_per_shard_costs_statements_per_window_not_per_shard(shards, settings):
-    settings.OUTBOX_CONCURRENCY = 8  # a first claim of 16 shards a slot: all 100
+    settings.OUTBOX_CONCURRENCY = 32  # a first claim of 4 shards a slot: all 100
     settings.OUTBOX_BATCH_SHARDS = 100
     settings.OUTBOX_BATCH_ROWS = 2000
     RegionOutbox.objects.bulk_create(

@@ -13,8 +13,11 @@ them a batch may take up to
 `FAST_BATCH_SECONDS`, and the statements per message stay what they were. Windows are
 not shortened: a group is delivered with the newest row its window read, so a window
 cut short would deliver a group twice in one pass. A first claim, before the drain has
-seen a receiver, is small (`FIRST_CLAIM_PER_SLOT` shards per slot): fast receivers lose
-one round trip to it, slow ones leave the rest of the shards to others.
+seen a receiver, is small (`FIRST_CLAIM_PER_SLOT` shards per slot, at least
+`FIRST_CLAIM_LEAST`): fast receivers lose a round trip or two to it, slow ones leave the
+rest of the shards to other drains started at the same moment, which would otherwise
+find every shard taken and end (four one-shot drains delivered 2.9 times one with 16
+shards a slot, 3.5-3.7 times with 4: bench/README.md, "Receivers that wait").
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from __future__ import annotations
 from outbox.conf import outbox_settings
 from outbox.engine.rounds import DrainStats
 
-FIRST_CLAIM_PER_SLOT = 16
+FIRST_CLAIM_PER_SLOT = 4
+FIRST_CLAIM_LEAST = 16
 # How long a batch of receivers that return at once may take: the bound on unsettled
 # work is for receivers that wait, and fast ones fill the row budget well inside it.
 FAST_BATCH_SECONDS = 1.0
@@ -53,7 +57,7 @@ class Pace:
         """How many shards the next claim takes, at most `budget`, at least one per slot."""
         per_shard = self.seconds_per_shard
         if per_shard is None:
-            return min(budget, FIRST_CLAIM_PER_SLOT * concurrency)
+            return min(budget, max(FIRST_CLAIM_LEAST, FIRST_CLAIM_PER_SLOT * concurrency))
         fits = int(self.target_seconds() / per_shard) if per_shard > 0 else budget
         if self.waiting and fits > concurrency:
             # Whole rounds of the slots: a last round that keeps only some of them busy
