@@ -130,3 +130,11 @@ lease_lost = Signal()
 shards_claimed = Signal()
 receivers_stuck = Signal()
 duplicate_skipped = Signal()
+
+
+def receiver_id(receiver: Callable[..., Any]) -> str:
+    """A receiver's stable name across processes: `module.qualname`."""
+    target = getattr(receiver, "__func__", receiver)
+    module = getattr(target, "__module__", None) or type(target).__module__
+    qualname = getattr(target, "__qualname__", None) or type(target).__qualname__
+    return f"{module}.{qualname}"

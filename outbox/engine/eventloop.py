@@ -25,6 +25,7 @@ from asgiref.sync import async_to_sync
 from django.db import connections
 
 from outbox.conf import outbox_settings
+from outbox.signals import receiver_id
 
 _T = TypeVar("_T")
 _current = threading.local()  # .loop: the EventLoop of the drain this thread serves
@@ -43,15 +44,23 @@ class EventLoop:
         )
         self._thread.start()
 
-    def run(self, coroutine: Coroutine[Any, Any, Any], timeout: float | None) -> Any:
-        """Await `coroutine` on the loop; cancel it after `timeout` seconds."""
+    def run(
+        self,
+        coroutine: Coroutine[Any, Any, Any],
+        timeout: float | None,
+        receiver: Callable[..., Any] | None = None,
+    ) -> Any:
+        """Await `coroutine` (a call of `receiver`, named in a timeout's error) on the
+        loop; cancel it after `timeout` seconds."""
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
+            named = f" {receiver_id(receiver)}" if receiver is not None else ""
             raise TimeoutError(
-                f"async receiver cancelled after {timeout}s (OUTBOX_RECEIVER_TIMEOUT_SECONDS)"
+                f"async receiver{named} cancelled after {timeout}s "
+                "(OUTBOX_RECEIVER_TIMEOUT_SECONDS)"
             ) from None
 
     def close(self) -> None:
@@ -112,7 +121,7 @@ def async_caller(receiver: Callable[..., Any]) -> Callable[..., Any]:
         if lazy is None:
             return fallback(**kwargs)
         timeout = outbox_settings.RECEIVER_TIMEOUT_SECONDS or None
-        return lazy.get().run(receiver(**kwargs), timeout)
+        return lazy.get().run(receiver(**kwargs), timeout, receiver)
 
     return call
 

@@ -30,7 +30,7 @@ from outbox.engine.eventloop import async_caller
 from outbox.exceptions import NoReceiver, OutboxError
 from outbox.internals import live_receivers
 from outbox.models import OutboxBase
-from outbox.signals import is_transactional
+from outbox.signals import is_transactional, receiver_id
 
 _NONE_DONE: frozenset[str] = frozenset()
 
@@ -48,14 +48,6 @@ class DeliveryFailed(OutboxError):
         super().__init__("; ".join(f"{name}: {exc!r}" for name, exc in errors))
         self.errors = errors
         self.delivered_to = delivered_to
-
-
-def receiver_id(receiver: Callable[..., Any]) -> str:
-    """A receiver's stable name across processes: `module.qualname`."""
-    target = getattr(receiver, "__func__", receiver)
-    module = getattr(target, "__module__", None) or type(target).__module__
-    qualname = getattr(target, "__qualname__", None) or type(target).__qualname__
-    return f"{module}.{qualname}"
 
 
 class ReceiverCalls:
@@ -242,7 +234,8 @@ async def _awaited(receiver: Callable[..., Any], kwargs: dict[str, Any]) -> None
         await asyncio.wait_for(receiver(**kwargs), timeout)
     except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
         raise TimeoutError(
-            f"async receiver cancelled after {timeout}s (OUTBOX_RECEIVER_TIMEOUT_SECONDS)"
+            f"async receiver {receiver_id(receiver)} cancelled after {timeout}s "
+            "(OUTBOX_RECEIVER_TIMEOUT_SECONDS)"
         ) from None
 
 

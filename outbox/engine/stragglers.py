@@ -31,6 +31,7 @@ from contextlib import contextmanager
 
 import outbox.engine.events as events
 from outbox.backends.base import Lease, OutboxBackend
+from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.engine.events import shard_named
 from outbox.engine.failures import judge
@@ -38,8 +39,10 @@ from outbox.engine.leases import Holding, LeaseKeeper, retrying
 from outbox.engine.rounds import DrainStats, Round
 from outbox.engine.shard_tasks import ShardTask
 from outbox.engine.slots import SlotPool
-from outbox.exceptions import StuckReceivers
+from outbox.exceptions import InvalidOutboxMessage, StuckReceivers
+from outbox.internals import live_receivers
 from outbox.models import OutboxBase
+from outbox.signals import receiver_id
 
 logger = logging.getLogger("outbox.engine")
 
@@ -158,14 +161,22 @@ class Stragglers:
             stuck = self.pool.abandon(task, self.model, on_return=self._report_stuck)
             self._report_stuck(stuck)
             assert group is not None  # a call is running
+            names = _receiver_names(self.model, group.category)
             logger.warning(
-                "outbox receiver call for shard %s ran past %ss; given up, its thread is stuck",
+                "outbox receiver call to %s for shard %s ran past %ss; given up, its thread "
+                "is stuck",
+                _named(names),
                 shard_named(task.shard),
                 timeout,
-                extra={"event": "outbox.receiver_timeout", "shard": str(task.shard)},
+                extra={
+                    "event": "outbox.receiver_timeout",
+                    "shard": str(task.shard),
+                    "receivers": names,
+                },
             )
             error = TimeoutError(
-                f"receiver call ran past {timeout}s (OUTBOX_RECEIVER_TIMEOUT_SECONDS)"
+                f"receiver call to {_named(names)} ran past {timeout}s "
+                "(OUTBOX_RECEIVER_TIMEOUT_SECONDS)"
             )
             failed, dead = judge(self.model, group, error, self.using)
             (round_.dead if dead else round_.failures).append(failed)
@@ -205,6 +216,24 @@ class Stragglers:
         merged.lost.update(settled.lost)
         events.leases_lost(self.model, merged.lost, self.using)
         merged.add_to(stats, settled.deleted)
+
+
+def _receiver_names(model: type[OutboxBase], category: int) -> list[str]:
+    """The ids of the receivers a call given up may be in: those connected now for the
+    group's category, sync ones first as they are called (the thread's own is unknown)."""
+    try:
+        sync_receivers, async_receivers = live_receivers(
+            model.process_signal, registry.category(category)
+        )
+    except InvalidOutboxMessage:  # a category no scope declares: no receiver to name
+        return []
+    return [receiver_id(receiver) for receiver in (*sync_receivers, *async_receivers)]
+
+
+def _named(names: list[str]) -> str:
+    if not names:
+        return "a receiver no longer connected"
+    return names[0] if len(names) == 1 else f"one of {', '.join(names)}"
 
 
 class KeptStragglers:

@@ -2,14 +2,18 @@
 drain loop's heartbeat and the admin.
 
 Per table and per scope: pending rows, shards, due rows, the lag (the age of the oldest
-due row: how long the oldest deliverable message has waited), failing rows, dead
+due row: how long the oldest deliverable message has waited), failing rows and the
+highest attempt among the pending rows (`highest_attempt`; the table also gives
+`OUTBOX_MAX_ATTEMPTS` as `attempt_limit`, None when messages are retried for ever), dead
 letters, and shards by lease state: held by a live worker; backing off after a failure;
 retry due (the back-off is over, the shard waits for a drain: routine); expired (a
 worker's lease ran out: the worker died or stopped renewing, the one stuck state, which
 `--max-expired` counts); plus the worst shards (most attempts) with their last error. A
-table costs a fixed number of aggregate queries whatever its size; lease states come
+table's figures are the sums (or the maximum) of its scopes', read by one grouped query.
+A table costs a fixed number of aggregate queries whatever its size; lease states come
 from `ShardLease.objects` (held, backing_off, retry_due, abandoned) and dead letters from
-the outbox QuerySet (`pending()`, `dead()`).
+the outbox QuerySet (`pending()`, `dead()`). `max_attempts` is the deprecated name of
+`highest_attempt`.
 
 A database alias that DATABASES does not have raises `outbox.exceptions.UnknownDatabase`
 naming it and the configured ones, as `manage.py outbox_status --database` says.
@@ -27,6 +31,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from outbox.categories import registry
+from outbox.conf import outbox_settings
 from outbox.exceptions import UnknownDatabase
 from outbox.models import OutboxBase, ShardLease
 
@@ -38,20 +43,21 @@ def table_status(model: type[OutboxBase], using: str | None = None) -> dict[str,
     """The status of one outbox table as JSON-friendly values (see the module doc)."""
     alias = known_database(using) or model._default_manager.db
     manager = model._default_manager.using(alias)
-    pending = manager.pending()
     now = timezone.now()
-    totals = pending.aggregate(**_counts())
-    scopes = _scopes(model, alias, pending, now)
+    scopes = _scopes(model, alias, manager.pending(), now)
+    highest = max((scope["highest_attempt"] for scope in scopes), default=0)
     return {
         "table": model._meta.label,
         "database": alias,
-        "rows": totals["rows"],
-        "due_rows": totals["due_rows"],
-        "failing_rows": totals["failing_rows"],
+        "rows": sum(scope["rows"] for scope in scopes),
+        "due_rows": sum(scope["due_rows"] for scope in scopes),
+        "failing_rows": sum(scope["failing_rows"] for scope in scopes),
         "dead_letters": sum(scope["dead_letters"] for scope in scopes),
-        "max_attempts": totals["max_attempts"] or 0,
-        "oldest_age_seconds": _age(now, totals["oldest"]),
-        "lag_seconds": _age(now, totals["oldest_due"]),
+        "highest_attempt": highest,
+        "max_attempts": highest,  # deprecated: the highest attempt, not a limit
+        "attempt_limit": outbox_settings.MAX_ATTEMPTS or None,
+        "oldest_age_seconds": max((scope["oldest_age_seconds"] for scope in scopes), default=0.0),
+        "lag_seconds": max((scope["lag_seconds"] for scope in scopes), default=0.0),
         "leased_shards": sum(scope["held_shards"] for scope in scopes),
         "backing_off_shards": sum(scope["backing_off_shards"] for scope in scopes),
         "retry_due_shards": sum(scope["retry_due_shards"] for scope in scopes),
@@ -73,9 +79,10 @@ def _counts() -> dict[str, Any]:
     due = Q(scheduled_for__lte=Now())
     return {
         "rows": Count("id"),
+        "shards": Count("shard_identifier", distinct=True),
         "due_rows": Count("id", filter=due),
         "failing_rows": Count("id", filter=Q(attempts__gt=0)),
-        "max_attempts": Max("attempts"),
+        "highest_attempt": Max("attempts"),
         "oldest": Min("date_added"),
         "oldest_due": Min("date_added", filter=due),
     }
@@ -84,15 +91,20 @@ def _counts() -> dict[str, Any]:
 def _scopes(
     model: type[OutboxBase], alias: str, pending: QuerySet[Any], now: datetime
 ) -> list[dict[str, Any]]:
-    """One entry per scope that has pending rows, dead letters or leases."""
+    """One entry per scope that has pending rows, dead letters or leases. The pending
+    rows' figures come from one grouped query, the table's are their sums: a row written
+    or coming due between two queries cannot make them disagree."""
     by_scope: dict[int, dict[str, Any]] = defaultdict(_empty_scope)
-    counts = _counts()
-    counts["shards"] = Count("shard_identifier", distinct=True)
-    for entry in pending.values("shard_scope").annotate(**counts).order_by():
+    for entry in pending.values("shard_scope").annotate(**_counts()).order_by():
         scope = by_scope[entry["shard_scope"]]
-        scope.update({key: entry[key] or 0 for key in ("rows", "shards", "due_rows")})
-        scope["failing_rows"] = entry["failing_rows"]
+        scope.update(
+            {
+                key: entry[key] or 0
+                for key in ("rows", "shards", "due_rows", "failing_rows", "highest_attempt")
+            }
+        )
         scope["lag_seconds"] = _age(now, entry["oldest_due"])
+        scope["oldest_age_seconds"] = _age(now, entry["oldest"])
     dead = model._default_manager.using(alias).dead()
     for entry in dead.values("shard_scope").annotate(n=Count("id")).order_by():
         by_scope[entry["shard_scope"]]["dead_letters"] = entry["n"]
@@ -114,7 +126,9 @@ def _empty_scope() -> dict[str, Any]:
         "shards": 0,
         "due_rows": 0,
         "failing_rows": 0,
+        "highest_attempt": 0,
         "lag_seconds": 0.0,
+        "oldest_age_seconds": 0.0,
         "dead_letters": 0,
         "held_shards": 0,
         "expired_shards": 0,

@@ -4,7 +4,8 @@ over `outbox.health.snapshot` and, on PostgreSQL, `outbox.health.vacuum`.
 `problems()` returns what is wrong, in words (empty when healthy); `manage.py
 outbox_status` exits non-zero on them (its `--max-...` options, one per `Thresholds`
 field), and `outbox.integrations.health_check.OutboxHealthCheck` reports them to
-django-health-check. `backlog()` is the one-line figure the drain loop's heartbeat logs.
+django-health-check. `backlog()` is the one-line figure the drain loop's heartbeat logs,
+`backlog_figures()` the same as numbers.
 
 They refuse what `outbox_status` refuses: a database alias DATABASES does not have
 (`outbox.exceptions.UnknownDatabase`, naming it and the configured ones), and a
@@ -151,10 +152,25 @@ def check(using: str | None = None, thresholds: Thresholds | None = None) -> lis
 def backlog(using: str | None = None) -> str:
     """'<rows> rows (<due> due) in <shards> shards, lag <s>s, <dead> dead' over all
     tables: the heartbeat's backlog figure."""
+    return describe_backlog(backlog_figures(using))
+
+
+def backlog_figures(using: str | None = None) -> dict[str, Any]:
+    """The backlog over all tables as numbers: `rows`, `due_rows`, `shards`,
+    `lag_seconds`, `dead_letters` (the heartbeat logs them as fields of its record)."""
     tables = statuses(using, vacuum=False)
-    rows = sum(table["rows"] for table in tables)
-    due = sum(table["due_rows"] for table in tables)
-    shards = sum(scope["shards"] for table in tables for scope in table["scopes"])
-    lag = max((table["lag_seconds"] for table in tables), default=0.0)
-    dead = sum(table["dead_letters"] for table in tables)
-    return f"{rows} rows ({due} due) in {shards} shards, lag {lag:.1f}s, {dead} dead"
+    return {
+        "rows": sum(table["rows"] for table in tables),
+        "due_rows": sum(table["due_rows"] for table in tables),
+        "shards": sum(scope["shards"] for table in tables for scope in table["scopes"]),
+        "lag_seconds": max((table["lag_seconds"] for table in tables), default=0.0),
+        "dead_letters": sum(table["dead_letters"] for table in tables),
+    }
+
+
+def describe_backlog(figures: dict[str, Any]) -> str:
+    """`backlog_figures` in words, as `backlog` gives them."""
+    return (
+        f"{figures['rows']} rows ({figures['due_rows']} due) in {figures['shards']} shards, "
+        f"lag {figures['lag_seconds']:.1f}s, {figures['dead_letters']} dead"
+    )

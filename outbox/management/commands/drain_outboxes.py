@@ -25,7 +25,7 @@ from outbox.conf import outbox_settings
 from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
 from outbox.engine.slots import stuck_receivers
 from outbox.exceptions import DrainInTransaction, StuckReceivers
-from outbox.health.thresholds import backlog
+from outbox.health.thresholds import backlog_figures, describe_backlog
 from outbox.inbox import inbox_databases, inbox_receivers, prune_inbox
 from outbox.management import exit_codes
 from outbox.management.arguments import (
@@ -45,9 +45,17 @@ logger = logging.getLogger("outbox.engine")
 # The longest a round runs with --liveness-file and --progress-every 0.
 LIVENESS_SLICE_SECONDS = 5.0
 
+# The backlog's figures in a heartbeat's record, each as a field `backlog_<name>`
+# (None when the database could not be read).
+BACKLOG_FIGURES = ("rows", "due_rows", "shards", "lag_seconds", "dead_letters")
+
 
 class Command(BaseCommand):
     help = "Deliver due outbox messages to their receivers."
+
+    # The last heartbeat's (seconds since start, rows retired, failures): the next one
+    # reports the difference, what happened in its interval.
+    _last_beat: tuple[float, int, int] = (0.0, 0, 0)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--loop", action="store_true", help="Keep draining until stopped.")
@@ -186,12 +194,29 @@ class Command(BaseCommand):
         )
 
     def _heartbeat(self, total: DrainStats, elapsed: float) -> None:
-        """`--loop`, every OUTBOX_HEARTBEAT_SECONDS, busy or idle: one INFO line with the
-        rate so far, the backlog and the lag (echoed to stdout at -v 2)."""
-        rate = total.rows_retired / elapsed if elapsed else 0.0
+        """`--loop`, every OUTBOX_HEARTBEAT_SECONDS, busy or idle: one INFO line with what
+        happened since the last heartbeat (rows retired, their rate, failures), the
+        totals since the start, the backlog and the lag (echoed to stdout at -v 2). Its
+        numbers are fields of the record too. A stall shows as a rate of zero, in the
+        line and in `rows_per_second`, not as the average since the start."""
+        since, rows_before, failures_before = self._last_beat
+        self._last_beat = (elapsed, total.rows_retired, total.failures)
+        interval = max(elapsed - since, 0.0)
+        rows = total.rows_retired - rows_before
+        fields: dict[str, Any] = {
+            "interval_seconds": round(interval, 3),
+            "rows_retired": rows,
+            "rows_per_second": _per_second(rows, interval),
+            "failures": total.failures - failures_before,
+            "total_seconds": round(elapsed, 3),
+            "total_rows_retired": total.rows_retired,
+            "total_rows_per_second": _per_second(total.rows_retired, elapsed),
+            "total_failures": total.failures,
+        }
         try:
             record_backlog(self.using)  # the backlog gauges; nothing without OUTBOX_METRICS
-            figures = backlog(self.using)
+            figures = backlog_figures(self.using)
+            shown = describe_backlog(figures)
             if inbox_receivers:  # old records, a second's worth of slices at most
                 for using in [self.using] if self.using else inbox_databases():
                     prune_inbox(using, seconds=1.0)
@@ -199,14 +224,20 @@ class Command(BaseCommand):
             # a connection found broken is closed, so the next heartbeat opens a new one.
             logger.warning("outbox heartbeat could not read the backlog", exc_info=True)
             close_old_connections()
-            figures = "unknown (database unreachable)"
+            figures = dict.fromkeys(BACKLOG_FIGURES)
+            shown = "unknown (database unreachable)"
+        fields.update({f"backlog_{name}": figures[name] for name in BACKLOG_FIGURES})
+        fields["stuck_receivers"] = stuck = stuck_receivers()
         line = (
-            f"outbox drain alive: {total.rows_retired} rows retired in {elapsed:.0f}s "
-            f"({rate:.0f} rows/s), {total.failures} failures; backlog {figures}"
+            f"outbox drain alive: {rows} rows retired in the last {_seconds(interval)} "
+            f"({_rate(fields['rows_per_second'])} rows/s), {fields['failures']} failures; "
+            f"since start {total.rows_retired} rows retired in {_seconds(elapsed)} "
+            f"({_rate(fields['total_rows_per_second'])} rows/s), {total.failures} failures; "
+            f"backlog {shown}"
         )
-        if stuck := stuck_receivers():  # see OUTBOX_RECEIVER_TIMEOUT_SECONDS
+        if stuck:  # see OUTBOX_RECEIVER_TIMEOUT_SECONDS
             line += f"; {stuck} receiver thread(s) stuck in calls given up at the timeout"
-        logger.info(line, extra={"event": "outbox.heartbeat"})
+        logger.info(line, extra={"event": "outbox.heartbeat", **fields})
         if self.verbosity >= 2:
             self.stdout.write(line)
 
@@ -227,6 +258,21 @@ class Command(BaseCommand):
             )
         else:
             self.stderr.write(f"drain_outboxes: {cause}, stopping after the current receiver")
+
+
+def _per_second(count: int, seconds: float) -> float:
+    return round(count / seconds, 3) if seconds > 0 else 0.0
+
+
+def _rate(per_second: float) -> str:
+    """A rate as the line shows it: 0 when nothing moved, a tenth below 10."""
+    if not per_second:
+        return "0"
+    return f"{per_second:.1f}" if per_second < 10 else f"{per_second:.0f}"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
 
 
 def _check_numbers(options: dict[str, Any]) -> None:

@@ -1,15 +1,16 @@
 """`manage.py outbox_status`: the backlog of every outbox table, for people and probes.
 
 Per table and scope: rows, shards, due rows, lag (the oldest due row's age), failing
-rows, dead letters, shards held / backing off / retry due (a back-off over, waiting for
-a drain: routine) / expired (a worker's lease ran out: stuck), and the worst shards with
-their last error; on PostgreSQL, vacuum health (`outbox.health.vacuum`): each table's dead
-tuples and last vacuum, and per database the lease table's and the oldest transaction
-holding back vacuum (elsewhere it says "not available"). `--json` prints the same as
-JSON. Thresholds (`--max-lag`, `--max-dead`, `--max-expired`: expired leases only, never
-a retry due; `--max-xmin-age`, `--max-xmin-xids`, `--max-dead-tuples`: PostgreSQL only)
-make it exit with status 6 when passed, naming what passed them, so it serves as a
-monitoring check or a probe.
+rows (per table with the highest attempt among them and, when set, the limit
+`OUTBOX_MAX_ATTEMPTS`), dead letters, shards held / backing off / retry due (a back-off
+over, waiting for a drain: routine) / expired (a worker's lease ran out: stuck), and the
+worst shards with their last error; on PostgreSQL, vacuum health
+(`outbox.health.vacuum`): each table's dead tuples and last vacuum, and per database the
+lease table's and the oldest transaction holding back vacuum (elsewhere it says "not
+available"). `--json` prints the same as JSON. Thresholds (`--max-lag`, `--max-dead`,
+`--max-expired`: expired leases only, never a retry due; `--max-xmin-age`,
+`--max-xmin-xids`, `--max-dead-tuples`: PostgreSQL only) make it exit with status 6 when
+passed, naming what passed them, so it serves as a monitoring check or a probe.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{table['table']} ({table['database']}): {table['rows']} rows, "
             f"{table['due_rows']} due, lag {table['lag_seconds']:.0f}s, "
-            f"{table['failing_rows']} failing (max attempts {table['max_attempts']}), "
+            f"{table['failing_rows']} failing ({_attempts(table)}), "
             f"{table['dead_letters']} dead, oldest {table['oldest_age_seconds']:.0f}s, "
             f"{table['leased_shards']} shards leased, "
             f"{table['backing_off_shards']} backing off, "
@@ -147,3 +148,12 @@ class Command(BaseCommand):
                 f"{describe_holder(holder) if holder else 'none'}"
             )
             self.stdout.write(f"    lease table {describe_table(vacuum['lease_table'])}")
+
+
+def _attempts(table: dict[str, Any]) -> str:
+    """The highest attempt among the pending rows, and the limit when one is set: the
+    one is what happened, the other what is allowed."""
+    shown = f"highest attempt {table['highest_attempt']}"
+    if table["attempt_limit"]:
+        shown += f", limit OUTBOX_MAX_ATTEMPTS={table['attempt_limit']}"
+    return shown
