@@ -8,7 +8,8 @@ DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 sys.path[:0] = [str(ROOT), str(DOCS / "_ext")]
 
-# autodoc imports the app, so Django must be set up first (the test settings: SQLite).
+# The version is read from the package, and the reference pages are generated from the
+# app's settings and commands: Django is set up first (the test settings: SQLite).
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 os.environ.setdefault("OUTBOX_TEST_DB", "sqlite")
 import django  # noqa: E402
@@ -25,19 +26,15 @@ version = release
 
 extensions = [
     "myst_parser",
-    "sphinx.ext.autodoc",
     "outbox_reference",
 ]
-source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build", "tutorial_project", "Thumbs.db", ".DS_Store"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 
 default_role = "py:obj"
-autodoc_member_order = "bysource"
-autodoc_typehints = "description"
-autodoc_default_options = {"show-inheritance": True}
 
 
 html_theme = "furo"

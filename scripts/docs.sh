@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
-# autodoc imports the app with the test settings: any .venv of ./scripts/test will do.
+# The docs' configuration imports the app with the test settings: any .venv of
+# ./scripts/test will do.
 [ -x .venv/bin/python ] || ensure_venv test
 if ! .venv/bin/python -c "import sphinx, furo, myst_parser" 2>/dev/null; then
   if grep -qE '^docs *=' pyproject.toml; then
