@@ -6,15 +6,14 @@ Actions on groups or shards first read the distinct keys of the selection, at mo
 The rows an action changes are then read `CHUNK_ROWS` at a time in id order, only the
 columns the admin log needs, locked where the database can (FOR UPDATE) so that the
 rows read are the rows changed; each chunk is changed by one UPDATE / DELETE of those
-ids and recorded with one admin log entry per row (`outbox.admin.audit`), all in one
-transaction. A shard that a worker holds right now is left alone: its holder settles
-it.
+ids and recorded with one admin log entry per row (`outbox.models.audit`, which
+`outbox_dead_letters` shares), all in one transaction. A shard that a worker holds right
+now is left alone: its holder settles it.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -23,15 +22,13 @@ from django.apps import apps
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 
-from outbox.admin.audit import Audit, audited_fields
 from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet
+from outbox.models.audit import CHUNK_ROWS as CHUNK_ROWS  # rows read, changed, logged per round
+from outbox.models.audit import Audit, audited_chunks
 
 # Shards or coalescing groups per action; the rest wait for the action to run again.
 MAX_KEYS = 200
 GROUP_FIELDS = ("category", "object_identifier")
-# Rows read, changed and logged per round: one `id IN (...)` each, within SQLite's
-# 999 parameters.
-CHUNK_ROWS = 500
 
 
 @dataclass(frozen=True)
@@ -77,19 +74,6 @@ def _lift_backoff(rows: QuerySet[Any]) -> int:
     return lifted
 
 
-def _chunks(rows: QuerySet[Any]) -> Iterator[list[OutboxBase]]:
-    """The rows of `rows` in id order, `CHUNK_ROWS` at a time, with the columns the admin
-    log reads; locked until the transaction ends where the database can."""
-    fields = audited_fields(rows.model)
-    ordered = rows.select_for_update().only(*fields).order_by("pk")
-    chunk = list(ordered[:CHUNK_ROWS])
-    while chunk:
-        yield chunk
-        if len(chunk) < CHUNK_ROWS:
-            return
-        chunk = list(ordered.filter(pk__gt=chunk[-1].pk)[:CHUNK_ROWS])
-
-
 def _retry_chunk(table: QuerySet[Any], chunk: list[OutboxBase], audit: Audit) -> int:
     """Make the rows of `chunk` due now (dead letters revived) and log each one."""
     audit.record(chunk, discarded=False)
@@ -111,7 +95,7 @@ def retry_rows(rows: QuerySet[Any], audit: Audit) -> Outcome:
     free = rows.filter(~_is_held(rows.model, rows.db))
     table = rows.model._default_manager.using(rows.db)
     with audit.atomic(rows.db):
-        updated = sum(_retry_chunk(table, chunk, audit) for chunk in _chunks(free))
+        updated = sum(_retry_chunk(table, chunk, audit) for chunk in audited_chunks(free))
         lifted = _lift_backoff(free)
     return Outcome(rows=updated, lifted=lifted, held_shards=held_shards)
 
@@ -125,7 +109,7 @@ def discard_rows(rows: QuerySet[Any], audit: Audit) -> Outcome:
     deleted = 0
     with audit.atomic(rows.db):
         lifted = _lift_backoff(free)  # first: it finds the shards through the rows
-        for chunk in _chunks(free):
+        for chunk in audited_chunks(free):
             audit.record(chunk, discarded=True)
             deleted += table.filter(pk__in=[row.pk for row in chunk]).delete()[0]
     return Outcome(rows=deleted, lifted=lifted, held_shards=held_shards)
@@ -174,6 +158,6 @@ def retry_leases(leases: ShardLeaseQuerySet, audit: Audit) -> Outcome:
             )
             table = model._default_manager.using(leases.db)
             rows = table.filter(free).pending()
-            updated = sum(_retry_chunk(table, chunk, audit) for chunk in _chunks(rows))
+            updated = sum(_retry_chunk(table, chunk, audit) for chunk in audited_chunks(rows))
             total += Outcome(rows=updated, lifted=of_table.backing_off().delete()[0])
     return total

@@ -20,9 +20,9 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 import outbox.admin.bulk as bulk
-from outbox.admin.audit import BY_CAUSE, Audit
 from outbox.admin.base import OperatorAdmin
 from outbox.models import OutboxQuerySet
+from outbox.models.audit import BY_CAUSE, Audit
 from outbox.models.causes import is_cause_key
 from outbox.models.dead_letter_groups import cause_ids, group_dead_letters, in_slices
 

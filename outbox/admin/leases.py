@@ -15,12 +15,12 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 import outbox.admin.bulk as bulk
-from outbox.admin.audit import WITH_SHARD, Audit
 from outbox.admin.base import OperatorAdmin, has_model_permission, may_view
 from outbox.admin.dashboard import dashboard_tables
 from outbox.admin.filters import LEASE_STATES, LeaseStateFilter, ScopeFilter, name_of
 from outbox.categories import registry
 from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet, outbox_models
+from outbox.models.audit import WITH_SHARD, Audit
 
 DASHBOARD_URL_NAME = "outbox_dashboard"
 

@@ -13,12 +13,12 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 import outbox.admin.bulk as bulk
-from outbox.admin.audit import WITH_GROUP, WITH_SHARD, Audit
 from outbox.admin.base import labelled
 from outbox.admin.causes import DeadLetterCausesAdmin
 from outbox.admin.filters import CategoryFilter, DeliveryStateFilter, ScopeFilter, name_of
 from outbox.categories import registry
 from outbox.models import ControlOutbox, OutboxBase, RegionOutbox
+from outbox.models.audit import WITH_GROUP, WITH_SHARD, Audit
 
 Rows = QuerySet[Any]
 

@@ -47,11 +47,13 @@ class OutboxQuerySet(models.QuerySet[_Row]):
         """Make the dead rows of this selection pending and due now, attempts reset to 0,
         back in their shard at their place in id order. Returns the rows revived. Their
         `delivered_to` is kept: receivers that succeeded for a row are not called again."""
+        # Its history stays: `first_attempt_at`, `last_attempt_at`, `last_error` and
+        # `last_traceback` are kept (a failure after the revival keeps the first time,
+        # as any failure does); only `attempts`, the count the retry policy limits,
+        # starts again. The revival itself is in the admin log where an operator did it.
         return self.dead().update(
             dead_at=None,
             attempts=0,
-            first_attempt_at=None,
-            last_attempt_at=None,
             scheduled_from=Now(),
             scheduled_for=Now(),
         )

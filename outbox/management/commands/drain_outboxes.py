@@ -9,12 +9,18 @@ OUTBOX_RECEIVER_TIMEOUT_SECONDS and are still running (restart the process).
 SIGTERM/SIGINT stop it gracefully, a second one at once
 (`outbox.engine.worker.DrainWorker`). It refuses to run inside an open transaction.
 `--liveness-file` keeps a file fresh for a liveness probe (`outbox.management.liveness`).
+`--metrics-port` serves Prometheus' /metrics from the process while it runs
+(`MetricsServer`).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
-from typing import Any
+import os
+import threading
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections, router
@@ -24,7 +30,7 @@ from django.utils import timezone
 from outbox.conf import outbox_settings
 from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
 from outbox.engine.slots import stuck_receivers
-from outbox.exceptions import DrainInTransaction, StuckReceivers
+from outbox.exceptions import DrainInTransaction, MetricsUnavailable, StuckReceivers
 from outbox.health.thresholds import backlog_figures, describe_backlog
 from outbox.inbox import inbox_databases, inbox_receivers, prune_inbox
 from outbox.management import exit_codes
@@ -37,10 +43,17 @@ from outbox.management.arguments import (
     whole_number,
 )
 from outbox.management.liveness import LivenessFile
-from outbox.metrics import record_backlog
+from outbox.metrics import installed, record_backlog
+from outbox.metrics.base import metrics_class
 from outbox.models import ShardLease, outbox_models
 
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import CollectorRegistry
+
 logger = logging.getLogger("outbox.engine")
+metrics_logger = logging.getLogger("outbox.metrics")
 
 # The longest a round runs with --liveness-file and --progress-every 0.
 LIVENESS_SLICE_SECONDS = 5.0
@@ -48,6 +61,11 @@ LIVENESS_SLICE_SECONDS = 5.0
 # The backlog's figures in a heartbeat's record, each as a field `backlog_<name>`
 # (None when the database could not be read).
 BACKLOG_FIGURES = ("rows", "due_rows", "shards", "lag_seconds", "dead_letters")
+
+# Where --metrics-port listens unless --metrics-address says otherwise: this host only,
+# so that nothing is exposed by default. A scrape from elsewhere (a Kubernetes pod's
+# port, another host) needs 0.0.0.0 or the address it scrapes.
+METRICS_ADDRESS = "127.0.0.1"
 
 
 class Command(BaseCommand):
@@ -111,6 +129,23 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help="Seconds between progress lines (0 turns them off).",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="Serve Prometheus' /metrics on this port (1 to 65535) while the command "
+            'runs; needs OUTBOX_METRICS = "prometheus". With PROMETHEUS_MULTIPROC_DIR set, '
+            "the metrics of every process writing to that directory.",
+        )
+        parser.add_argument(
+            "--metrics-address",
+            default=None,
+            metavar="ADDRESS",
+            help=f"The address --metrics-port listens on (default: {METRICS_ADDRESS}, "
+            "this host only); 0.0.0.0 for every interface, as a scrape from another host "
+            "or a Kubernetes pod's port needs.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         _check_numbers(options)
@@ -118,20 +153,40 @@ class Command(BaseCommand):
         self.using = database_alias(options["database"])
         self.models = [outbox_table(label) for label in options["table"]]
         self.scopes = [scope_value(name) for name in options["scope"]] or None
-        path = options["liveness_file"]
-        liveness = LivenessFile(path) if path else None
-        worker = self._worker(options, liveness)
-        try:
-            with worker.handling_signals():
-                outcome = worker.run()
-        except DrainInTransaction as exc:
-            raise CommandError(str(exc)) from exc
-        except StuckReceivers as exc:
-            raise CommandError(str(exc), returncode=exit_codes.STUCK) from exc
-        finally:
+        with ExitStack() as running:  # what it started, stopped in reverse when it ends
+            if options["metrics_port"] is not None:
+                server = self._serve_metrics(options["metrics_port"], options["metrics_address"])
+                running.callback(server.close)
+            path = options["liveness_file"]
+            liveness = LivenessFile(path) if path else None
             if liveness is not None:
-                liveness.remove()
+                running.callback(liveness.remove)
+            worker = self._worker(options, liveness)
+            try:
+                with worker.handling_signals():
+                    outcome = worker.run()
+            except DrainInTransaction as exc:
+                raise CommandError(str(exc)) from exc
+            except StuckReceivers as exc:
+                raise CommandError(str(exc), returncode=exit_codes.STUCK) from exc
         self._finish(outcome, loop=options["loop"])
+
+    def _serve_metrics(self, port: int, address: str | None) -> MetricsServer:
+        server = MetricsServer(port, address or METRICS_ADDRESS)
+        metrics_logger.info(
+            "outbox drain serving Prometheus metrics at %s%s",
+            server.url,
+            f" (every process of {server.multiprocess_dir})" if server.multiprocess_dir else "",
+            extra={
+                "event": "outbox.metrics_port",
+                "address": server.address,
+                "port": server.port,
+                "multiprocess_dir": server.multiprocess_dir,
+            },
+        )
+        if self.verbosity >= 1:
+            self.stdout.write(f"drain_outboxes: serving Prometheus metrics at {server.url}")
+        return server
 
     def _worker(self, options: dict[str, Any], liveness: LivenessFile | None) -> DrainWorker:
         progress_every = options["progress_every"]
@@ -260,6 +315,91 @@ class Command(BaseCommand):
             self.stderr.write(f"drain_outboxes: {cause}, stopping after the current receiver")
 
 
+class MetricsServer:
+    """Prometheus' /metrics on `address`:`port`, served by `prometheus_client`'s own
+    `start_http_server` on a daemon thread until `close()`, which frees the port.
+
+    It serves the registry the installed Prometheus adapter records into (the default
+    `REGISTRY`) or, with PROMETHEUS_MULTIPROC_DIR set, a registry of its own holding a
+    `MultiProcessCollector`: the values of every process writing to that directory (the
+    drains, web and task workers of one host), this one's included.
+
+    Refused with a CommandError: OUTBOX_METRICS not a Prometheus adapter, a
+    PROMETHEUS_MULTIPROC_DIR that is no directory, an address it cannot listen on (a
+    port in use, an address not of this host)."""
+
+    def __init__(self, port: int, address: str = METRICS_ADDRESS) -> None:
+        self.port = port
+        self.address = address
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        registry = _prometheus_registry(self.multiprocess_dir)
+        from prometheus_client import start_http_server
+
+        try:
+            served: tuple[WSGIServer, threading.Thread] = start_http_server(
+                port, addr=address, registry=registry
+            )
+        except OSError as exc:  # socket.gaierror too: an unknown host name
+            raise CommandError(_unservable(port, address, exc)) from exc
+        self.server, self.thread = served
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self.server.shutdown()  # serve_forever returns (within half a second)
+        self.server.server_close()  # the listening socket: the port is free at once
+        self.thread.join()
+
+
+def _prometheus_registry(multiprocess_dir: str | None) -> CollectorRegistry:
+    """The registry --metrics-port serves; a CommandError saying what to set when
+    OUTBOX_METRICS is not a Prometheus adapter."""
+    try:
+        adapter = metrics_class()
+    except MetricsUnavailable as exc:
+        raise CommandError(f"--metrics-port cannot serve metrics: {exc}") from exc
+    try:
+        from outbox.metrics.prometheus import PrometheusMetrics
+    except ImportError:  # prometheus_client is not installed: no Prometheus adapter
+        adapter = None
+    if adapter is None or not issubclass(adapter, PrometheusMetrics):
+        raise CommandError(
+            "--metrics-port serves Prometheus metrics: set OUTBOX_METRICS = "
+            f'"prometheus" (it is {outbox_settings.METRICS!r}) and install '
+            "prometheus_client (pip install 'django-outboxes[prometheus]')."
+        )
+    from prometheus_client import REGISTRY, CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    if multiprocess_dir is None:
+        metrics = installed()
+        return metrics.registry if isinstance(metrics, PrometheusMetrics) else REGISTRY
+    registry = CollectorRegistry()
+    try:
+        MultiProcessCollector(registry, path=multiprocess_dir)  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise CommandError(
+            f"--metrics-port: PROMETHEUS_MULTIPROC_DIR={multiprocess_dir!r} is not a "
+            "directory; create it (empty) before the processes start, or unset it."
+        ) from exc
+    return registry
+
+
+def _unservable(port: int, address: str, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"--metrics-port {port}: {address}:{port} is in use by another process; "
+            "choose a free port (or --metrics-address)."
+        )
+    return (
+        f"--metrics-port {port}: cannot listen on {address}:{port} "
+        f"({exc.strerror or exc}); --metrics-address takes an address of this host."
+    )
+
+
 def _per_second(count: int, seconds: float) -> float:
     return round(count / seconds, 3) if seconds > 0 else 0.0
 
@@ -282,6 +422,9 @@ def _check_numbers(options: dict[str, Any]) -> None:
     seconds("--max-seconds", options["max_seconds"])
     seconds("--progress-every", options["progress_every"], zero="no progress lines")
     shard_identifiers("--shard", options["shard"])
+    whole_number("--metrics-port", options["metrics_port"], 1, 65535)
+    if options["metrics_address"] is not None and options["metrics_port"] is None:
+        raise CommandError("--metrics-address needs --metrics-port (the port to listen on).")
 
 
 def _abandoned(stop: StopRequest | None) -> str:

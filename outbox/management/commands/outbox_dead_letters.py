@@ -3,15 +3,28 @@ again (pending and due now, attempts reset, back in their shard's order), or del
 them. `retry` and `discard` need a selection (`--id`, `--message-id`, `--shard`,
 `--category`, `--cause`) or `--all`, so that nothing is revived or deleted by accident.
 `list --group` shows them grouped by cause (receiver, exception type, normalised
-message: see `outbox.models.causes`), each cause with the key `--cause` selects."""
+message: see `outbox.models.causes`), each cause with the key `--cause` selects.
+
+`retry` and `discard` write the admin log as the admin's actions do: one entry per dead
+letter (`outbox.models.audit`), under the user `--user` names. Without `--user`, the
+Django user whose username is the OS login name (`getpass.getuser()`: `$LOGNAME`,
+`$USER`, then the password database), where there is one: an operator logged in under
+their own name is recorded without a flag. Where there is none (a container running as
+`root`), the command still acts, and warns that no entry was written and how to write
+one: the audit never stands between an operator and a retry at 3 a.m., nor breaks a
+script written before it. `--no-audit` writes none and says nothing. An unknown `--user`
+is refused before anything changes."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any, cast
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.categories import registry
@@ -23,6 +36,7 @@ from outbox.management.arguments import (
     whole_number,
 )
 from outbox.models import OutboxBase, OutboxQuerySet, outbox_models
+from outbox.models.audit import BY_CAUSE, BY_COMMAND, Audit, admin_log_installed, audited_chunks
 from outbox.models.causes import KEY_LENGTH, is_cause_key
 from outbox.models.dead_letter_groups import (
     DeadLetterGroup,
@@ -61,6 +75,16 @@ class Command(BaseCommand):
         parser.add_argument("--group", action="store_true",
                             help="list: group the dead letters by cause.")  # fmt: skip
         parser.add_argument("--json", action="store_true", help="list: print JSON.")
+        audit = parser.add_mutually_exclusive_group()
+        audit.add_argument("--user", metavar="USERNAME",
+                           help="retry, discard: the user the admin log names, one entry per "
+                           "dead letter; an unknown one is refused before anything changes. "
+                           "Default: the user named as your OS login name; where none is, "
+                           "the command acts and warns that it wrote no entry (the audit "
+                           "never blocks a retry, nor an older script).")  # fmt: skip
+        audit.add_argument("--no-audit", action="store_true",
+                           help="retry, discard: write no admin log entry, and no warning "
+                           "about it.")  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
         _check_numbers(options)
@@ -74,18 +98,71 @@ class Command(BaseCommand):
             raise CommandError("--json goes with list.")
         if options["group"] and options["action"] != "list":
             raise CommandError("--group goes with list.")
+        if (options["user"] is not None or options["no_audit"]) and options["action"] == "list":
+            raise CommandError("--user and --no-audit go with retry or discard.")
+        # Before anything is read or changed: an unknown --user is refused.
+        auditor, unaudited = self._auditor(options) if options["action"] != "list" else (None, "")
         selections = [self._select(model, alias, options) for model in self._tables(options)]
         if options["group"]:
             self._list_groups(selections, set(options["cause"]), options["json"])
             return
-        if options["cause"]:
-            selections = self._of_causes(selections, set(options["cause"]), options["action"])
         if options["action"] == "list":
+            if options["cause"]:
+                selections = self._of_causes(selections, set(options["cause"]), "list")
             self._list(selections, options["json"])
             return
         verb = options["action"]
-        done = sum(rows.retry_dead() if verb == "retry" else rows.discard() for rows in selections)
+        if unaudited:
+            self.stderr.write(self.style.WARNING(unaudited))
+        done = sum(
+            _change(rows, verb == "discard", auditor, reach)
+            for rows, reach in self._reached(selections, options["cause"])
+        )
         self.stdout.write(f"{'Retried' if verb == 'retry' else 'Discarded'} {done} dead letter(s).")
+
+    def _auditor(self, options: dict[str, Any]) -> tuple[Any, str]:
+        """The pk of the user whose admin log entries retry or discard write (None: no
+        entry), and the warning to give when none could be found. Refuses an unknown
+        `--user`."""
+        named = options["user"]
+        if options["no_audit"]:
+            return None, ""
+        if not admin_log_installed():
+            if named is not None:
+                raise CommandError(
+                    "--user: django.contrib.admin is not installed, so there is no admin "
+                    "log to write; leave --user out."
+                )
+            return None, ""
+        if named is not None:
+            user = _user_named(named)
+            if user is None:
+                raise CommandError(
+                    f"--user: no user has the username {named!r}; nothing was changed."
+                )
+            return user.pk, ""
+        login = _login_name()
+        user = _user_named(login) if login else None
+        if user is not None:
+            return user.pk, ""
+        whose = f"no user has your login name {login!r}" if login else "you have no login name"
+        return None, (
+            f"No admin log entry will be written: no --user given, and {whose}. Name the "
+            "user to record with --user USERNAME, or say --no-audit."
+        )
+
+    def _reached(
+        self, selections: list[OutboxQuerySet[Any]], causes: list[str]
+    ) -> Iterator[tuple[OutboxQuerySet[Any], str]]:
+        """The selections to change, each with how the admin log says they were reached:
+        by the command, and as dead letters of which cause (each cause on its own)."""
+        if not causes:
+            for rows in selections:
+                yield rows, BY_COMMAND
+            return
+        for key in dict.fromkeys(causes):  # in the order given, each once
+            for part in self._of_causes(selections, {key}, "retry"):
+                yield part, f"{BY_COMMAND} {BY_CAUSE} {key}"
 
     def _tables(self, options: dict[str, Any]) -> list[type[OutboxBase]]:
         if not options["table"]:
@@ -166,6 +243,38 @@ class Command(BaseCommand):
         )
         example = one_line(group.sample_error.strip())
         self.stdout.write(f"{indent}e.g. #{group.sample_ids[0]}: {example}")
+
+
+def _change(rows: OutboxQuerySet[Any], discard: bool, auditor: Any, reach: str) -> int:
+    """Retry or discard the dead letters of `rows`; with an `auditor`, chunk by chunk
+    (`audited_chunks`) with one admin log entry per dead letter, all in one transaction
+    (as the admin's actions do). Returns how many."""
+    if auditor is None:
+        return rows.discard() if discard else rows.retry_dead()
+    audit = Audit(auditor, reach)
+    using = rows.select_for_update().db  # where retry_dead() / discard() would write
+    table = cast("OutboxQuerySet[Any]", rows.model._default_manager.using(using))
+    done = 0
+    with audit.atomic(using):
+        for chunk in audited_chunks(rows):
+            audit.record(chunk, discarded=discard)
+            mine = table.filter(pk__in=[row.pk for row in chunk])
+            done += mine.discard() if discard else mine.retry_dead()
+    return done
+
+
+def _login_name() -> str:
+    """The OS login name (`getpass.getuser()`), or "" where the process has none."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no name for the uid (3.13 raises OSError, before KeyError)
+        return ""
+
+
+def _user_named(username: str) -> Any:
+    """The Django user with this username (the user model's USERNAME_FIELD), or None."""
+    model = get_user_model()
+    return model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
 
 
 def _narrowed(options: dict[str, Any]) -> bool:
