@@ -16,8 +16,7 @@ cut short would deliver a group twice in one pass. A first claim, before the dra
 seen a receiver, is small (`FIRST_CLAIM_PER_SLOT` shards per slot, at least
 `FIRST_CLAIM_LEAST`): fast receivers lose a round trip or two to it, slow ones leave the
 rest of the shards to other drains started at the same moment, which would otherwise
-find every shard taken and end (four one-shot drains delivered 2.9 times one with 16
-shards a slot, 3.5-3.7 times with 4: bench/README.md, "Receivers that wait").
+find every shard taken and end (the bench's "Receivers that wait" section measures it).
 """
 
 from __future__ import annotations

@@ -144,8 +144,7 @@ class Waiter:
         """No listener: sleep until the deadline, a stop request or `wake()`."""
         slice_ = None if isinstance(self.stop, StopEvent) else _PLAIN_EVENT_SLICE
         while not self.stop.is_set():
-            if self._woken.is_set():
-                self._woken.clear()
+            if self._take_woken():
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -153,11 +152,17 @@ class Waiter:
             self._woken.wait(remaining if slice_ is None else min(remaining, slice_))
         return False
 
+    def _take_woken(self) -> bool:
+        """Whether `wake()` was called since the last look (it is cleared)."""
+        if not self._woken.is_set():
+            return False
+        self._woken.clear()
+        return True
+
     def _listen(self, deadline: float) -> bool:
         assert self._wake is not None
         while not self.stop.is_set():
-            if self._woken.is_set():
-                self._woken.clear()
+            if self._take_woken():
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
