@@ -452,7 +452,9 @@ def test_without_a_timeout_a_hung_call_on_a_slot_loses_its_lease_at_the_deadline
     timeline = Timeline(calls, wait=wait)
     drain_outboxes([RegionOutbox])
     first, second = sorted(timeline.entries, key=lambda entry: entry[3])
-    assert second[3] >= first[3] + 1.0  # once the lease (1 s) had expired
+    # Once the lease (1 s, counted from the claim, a moment before the call began) had
+    # expired.
+    assert second[3] >= first[3] + 1.0 - 0.05
     assert second[3] < first[4]  # while the first call still ran
     assert not RegionOutbox.objects.exists() and not ShardLease.objects.exists()
 
