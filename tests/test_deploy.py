@@ -34,6 +34,9 @@ ALERTS = {
     "OutboxBacklogGrowing",
     "OutboxGaugesNotRefreshed",
     "OutboxGaugesAbsent",
+    "OutboxMessagesDeadLettered",
+    "OutboxVacuumHeldBack",
+    "OutboxDeadTuplesGrowing",
 }
 
 
@@ -53,6 +56,8 @@ def exported_names():
     metrics.receiver_finished(table, scope, category, "app.receiver", 0.1)
     metrics.claimed(table, 1, 0.1)
     metrics.stuck_receivers(table, 0)
+    metrics.xmin_horizon("default", 1.0, 1)
+    metrics.dead_tuples(table, "default", 1)
     return {sample.name for family in registry.collect() for sample in family.samples}
 
 

@@ -27,7 +27,9 @@ OUTBOX_GRACEFUL_TIMEOUT_SECONDS is left behind; its lease expires.
 
 With OUTBOX_METRICS set, the first outbox task a worker process runs starts its gauge
 timer (`outbox.metrics.refresh`): the backlog and health gauges are read every
-OUTBOX_METRICS_REFRESH_SECONDS from then on, whether tasks come or not.
+OUTBOX_METRICS_REFRESH_SECONDS from then on, whether tasks come or not. A pool process
+that shuts down withdraws its gauges (`outbox.metrics.feed.process_ended`): it leaves
+without the interpreter's exit hooks.
 
 With OUTBOX_TASK_LIVENESS_FILE set, the worker keeps that file fresh for a liveness probe
 from when it is ready (`outbox.integrations.liveness`).
@@ -179,6 +181,13 @@ def _on_pool_process_init(**kwargs: Any) -> None:
     DrainWorker.stop_all_on(STOP_SIGNAL)
 
 
+def _on_pool_process_shutdown(**kwargs: Any) -> None:
+    """A pool process ends (recycled, or the worker stops): its Prometheus gauges with it."""
+    from outbox.metrics.feed import process_ended
+
+    process_ended()
+
+
 def _on_worker_ready(**kwargs: Any) -> None:
     """In the worker's main process, once it is ready: OUTBOX_TASK_LIVENESS_FILE."""
     from outbox.integrations.liveness import start_task_liveness
@@ -198,4 +207,7 @@ celery_signals.worker_init.connect(_on_worker_init, dispatch_uid="outbox.remembe
 celery_signals.worker_ready.connect(_on_worker_ready, dispatch_uid="outbox.task_liveness")
 celery_signals.worker_process_init.connect(
     _on_pool_process_init, dispatch_uid="outbox.stop_on_signal"
+)
+celery_signals.worker_process_shutdown.connect(
+    _on_pool_process_shutdown, dispatch_uid="outbox.metrics_process_ended"
 )

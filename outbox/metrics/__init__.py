@@ -24,11 +24,15 @@ Every metric is prefixed ``outbox`` and labelled with the table (its model label
   failing_shards, dead_letters, expired_leases: gauges per table and scope, and
   gauges_read_timestamp_seconds (when they were read) per table;
 - stuck_receivers (this process's receiver threads still running calls given up at
-  `OUTBOX_RECEIVER_TIMEOUT_SECONDS`): gauge per table.
+  `OUTBOX_RECEIVER_TIMEOUT_SECONDS`): gauge per table;
+- on PostgreSQL, the vacuum health `outbox_status` shows: oldest_xmin_age_seconds and
+  oldest_xmin_xid_age per database, dead_tuples per table and database.
+
+A process withdraws its gauges as it exits (`Metrics.process_ended`).
 
 The interface is in `base`, the installed adapter and its signal receivers in `feed`,
-the backlog reading in `backlog` (its queries in `reading`), the timer in `refresh`; the
-adapters in `prometheus`, `statsd` and `otel`.
+the backlog reading in `backlog` (its queries in `reading`), the timer in `refresh`, the
+project's own /metrics in `views`; the adapters in `prometheus`, `statsd` and `otel`.
 """
 
 from outbox.metrics.backlog import record_backlog

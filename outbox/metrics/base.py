@@ -101,6 +101,22 @@ class Metrics:
         """`count` receiver threads of this process are stuck in calls given up at the
         timeout (`OUTBOX_RECEIVER_TIMEOUT_SECONDS`); 0 once the last of them returned."""
 
+    def xmin_horizon(self, database: str, age_seconds: float | None, xid_age: int) -> None:
+        """On PostgreSQL, at one reading: how old the oldest transaction id is that
+        vacuum of `database` must keep (`outbox.health.vacuum`'s oldest xmin holder), in
+        seconds (None where PostgreSQL does not show it: a replication slot, another
+        role's session) and in transaction ids; 0 and 0 when nothing holds one."""
+
+    def dead_tuples(self, table: str, database: str, count: int) -> None:
+        """On PostgreSQL, at one reading: the dead tuples of `table` (an outbox table's
+        label, or ``outbox.ShardLease``) in `database` that no vacuum removed yet."""
+
+    def process_ended(self) -> None:
+        """This process stops recording: withdraw the values that stand for it alone
+        (in Prometheus' multiprocess mode, its files of live gauges), so that they are
+        not shown after it is gone. Called at interpreter exit (`outbox.metrics.feed`)
+        and as a Celery pool process shuts down."""
+
 
 def build_metrics() -> Metrics | None:
     """The adapter `OUTBOX_METRICS` chooses, freshly built; None when it is unset."""

@@ -1,11 +1,15 @@
 """The installed metrics, and the lifecycle-signal receivers that feed them.
 
 `install()` connects the receivers; with no metrics to install it connects nothing, so
-the engine's `has_listeners()` checks skip the signals and metrics cost nothing.
+the engine's `has_listeners()` checks skip the signals and metrics cost nothing. A
+process that installed metrics withdraws its gauges as it exits (`Metrics.process_ended`,
+at interpreter exit; a Celery pool process, which leaves without it, at
+``worker_process_shutdown``).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 from collections import Counter
 from collections.abc import Callable, Sized
@@ -27,12 +31,13 @@ from outbox.signals import (
     shards_claimed,
 )
 
-__all__ = ["install", "installed", "uninstall"]
+__all__ = ["install", "installed", "process_ended", "uninstall"]
 
 # The package's name, not this module's: operators route and silence "outbox.metrics".
 logger = logging.getLogger("outbox.metrics")
 
 _active: Metrics | None = None
+_exit_hooked = False
 
 
 def installed() -> Metrics | None:
@@ -53,7 +58,29 @@ def install(metrics: Metrics | None = None) -> Metrics | None:
     _active = metrics
     for signal, receiver in _RECEIVERS:
         signal.connect(receiver, weak=False, dispatch_uid=_uid(receiver))
+    _hook_exit()
     return metrics
+
+
+def process_ended() -> None:
+    """Withdraw this process's gauges from the installed metrics (see
+    `Metrics.process_ended`): it is exiting. Errors are logged, never raised."""
+    metrics = _active
+    if metrics is None:
+        return
+    try:
+        metrics.process_ended()
+    except Exception:
+        logger.exception("Withdrawing the outbox gauges failed", extra={"event": "outbox.metrics"})
+
+
+def _hook_exit() -> None:
+    """Call `process_ended` at interpreter exit, once per process (a forked child inherits
+    the hook, and withdraws its own gauges: the adapter takes the pid as it runs)."""
+    global _exit_hooked
+    if not _exit_hooked:
+        atexit.register(process_ended)
+        _exit_hooked = True
 
 
 def uninstall() -> None:

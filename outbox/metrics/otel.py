@@ -9,8 +9,10 @@ project sets up with the SDK and its exporter (e.g. OTLP): counters ``outbox.sav
 process's count), the health gauges ``outbox.oldest_due_age`` (seconds),
 ``outbox.due_rows``, ``outbox.due_shards``, ``outbox.failing_shards``,
 ``outbox.dead_letters``, ``outbox.expired_leases`` and ``outbox.gauges_read_timestamp``
-(Unix seconds), with the attributes ``outbox.table``, ``outbox.scope``,
-``outbox.category`` and ``outbox.receiver``.
+(Unix seconds), on PostgreSQL the vacuum gauges ``outbox.oldest_xmin_age`` (seconds,
+not recorded where PostgreSQL does not show it), ``outbox.oldest_xmin_xid_age`` and
+``outbox.dead_tuples``, with the attributes ``outbox.table``, ``outbox.scope``,
+``outbox.category``, ``outbox.receiver`` and ``outbox.database``.
 """
 
 from __future__ import annotations
@@ -80,6 +82,17 @@ class OpenTelemetryMetrics(Metrics):
         self._read_at = meter.create_gauge(
             "outbox.gauges_read_timestamp", "s", "When the outbox gauges were read (Unix time)."
         )
+        self._xmin_age = meter.create_gauge(
+            "outbox.oldest_xmin_age", "s", "Age of the oldest transaction vacuum must respect."
+        )
+        self._xmin_xid_age = meter.create_gauge(
+            "outbox.oldest_xmin_xid_age",
+            "{transaction}",
+            "Transaction ids since the oldest one vacuum must respect.",
+        )
+        self._dead_tuples = meter.create_gauge(
+            "outbox.dead_tuples", "{tuple}", "Dead tuples not yet vacuumed."
+        )
 
     def saved(self, table: str, scope: str, category: str, count: int) -> None:
         self._saved.add(count, _attributes(table, scope, category))
@@ -132,6 +145,15 @@ class OpenTelemetryMetrics(Metrics):
 
     def stuck_receivers(self, table: str, count: int) -> None:
         self._stuck_receivers.set(count, {"outbox.table": table})
+
+    def xmin_horizon(self, database: str, age_seconds: float | None, xid_age: int) -> None:
+        attributes = {"outbox.database": database}
+        if age_seconds is not None:
+            self._xmin_age.set(age_seconds, attributes)
+        self._xmin_xid_age.set(xid_age, attributes)
+
+    def dead_tuples(self, table: str, database: str, count: int) -> None:
+        self._dead_tuples.set(count, {"outbox.table": table, "outbox.database": database})
 
 
 def _attributes(table: str, scope: str, category: str | None = None) -> dict[str, str]:

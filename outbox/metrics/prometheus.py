@@ -10,31 +10,52 @@ gauges `outbox_oldest_due_age_seconds`, `outbox_due_rows`, `outbox_due_shards`,
 `outbox_failing_shards`, `outbox_dead_letters`, `outbox_expired_leases`, and
 `outbox_gauges_read_timestamp_seconds` (when they were last read, per table).
 
+On PostgreSQL the readings add the vacuum gauges `outbox_oldest_xmin_age_seconds` and
+`outbox_oldest_xmin_xid_age` (per database) and `outbox_dead_tuples` (per table and
+database).
+
 Multiprocess mode (gunicorn workers, Celery pool processes): set the environment
 variable ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before the processes start;
 `prometheus_client` then keeps every process's values in files there, and the process
-serving ``/metrics`` exposes them with `prometheus_client.multiprocess.MultiProcessCollector`.
-The backlog and health gauges show the most recent reading of any process
-(``mostrecent``; `outbox.metrics.refresh` has one process per directory read them); the
-stuck receivers gauge sums the live processes' counts (``livesum``).
+serving ``/metrics`` exposes them with `multiprocess_registry()` (or
+`prometheus_client.multiprocess.MultiProcessCollector`). Every gauge is a live one: the
+backlog, health and vacuum gauges show the most recent reading of a live process
+(``livemostrecent``; `outbox.metrics.refresh` has one process per directory read them),
+the stuck receivers gauge sums the live processes' counts (``livesum``). A process's live
+gauges go when its files are marked dead (`mark_process_dead`): `drain_outboxes` and
+Celery pool processes do it as they end (`PrometheusMetrics.process_ended`), gunicorn's
+``child_exit`` hook does it for a web worker, and `multiprocess_registry()` does it, at
+each scrape, for every process of the directory that no longer runs on this host (a
+``kill -9``, an out-of-memory kill). Counters and histograms keep a dead process's counts,
+as they should.
 """
 
 from __future__ import annotations
 
+import glob
 import logging
+import math
+import os
+import re
 import weakref
 from collections.abc import Iterable
 from typing import Literal
 
 from django.db import connections
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from outbox.metrics.backlog import record_backlog
 from outbox.metrics.base import Metrics, ScopeHealth
 
-__all__ = ["PrometheusMetrics", "PrometheusScrapeMetrics"]
+__all__ = [
+    "PrometheusMetrics",
+    "PrometheusScrapeMetrics",
+    "mark_process_dead",
+    "multiprocess_registry",
+    "sweep_dead_processes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +73,9 @@ HEALTH_GAUGES = (
     ("expired_leases", "Outbox shards whose worker's lease ran out, per scope."),
 )
 # How a gauge combines the processes' values in multiprocess mode (see the module docstring).
-_Mode = Literal["mostrecent", "livesum"]
+_Mode = Literal["livemostrecent", "livesum"]
+# A live gauge's file in the multiprocess directory, named for its process.
+_LIVE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db")
 
 
 class _Instruments:
@@ -61,7 +84,10 @@ class _Instruments:
             return Counter(f"outbox_{name}", doc, labels, registry=registry)
 
         def gauge(
-            name: str, doc: str, labels: Iterable[str] = SCOPE_LABELS, mode: _Mode = "mostrecent"
+            name: str,
+            doc: str,
+            labels: Iterable[str] = SCOPE_LABELS,
+            mode: _Mode = "livemostrecent",
         ) -> Gauge:
             return Gauge(f"outbox_{name}", doc, labels, registry=registry, multiprocess_mode=mode)
 
@@ -105,6 +131,19 @@ class _Instruments:
         )
         self.health = {name: gauge(name, doc) for name, doc in HEALTH_GAUGES}  # ScopeHealth
         self.read_at = gauge("gauges_read_timestamp_seconds", "When gauges were read.", ("table",))
+        self.xmin_age = gauge(
+            "oldest_xmin_age_seconds",
+            "Age of the oldest transaction vacuum must respect (PostgreSQL), per database.",
+            ("database",),
+        )
+        self.xmin_xid_age = gauge(
+            "oldest_xmin_xid_age",
+            "Transaction ids since the oldest one vacuum must respect (PostgreSQL).",
+            ("database",),
+        )
+        self.dead_tuples = gauge(
+            "dead_tuples", "Dead tuples not yet vacuumed (PostgreSQL).", ("table", "database")
+        )
 
 
 # Instruments by registry: a registry refuses a second instrument of the same name.
@@ -171,6 +210,18 @@ class PrometheusMetrics(Metrics):
     def stuck_receivers(self, table: str, count: int) -> None:
         self.instruments.stuck_receivers.labels(table).set(count)
 
+    def xmin_horizon(self, database: str, age_seconds: float | None, xid_age: int) -> None:
+        # NaN where the age is not shown: no stale value, and no comparison holds on it.
+        seconds = math.nan if age_seconds is None else age_seconds
+        self.instruments.xmin_age.labels(database).set(seconds)
+        self.instruments.xmin_xid_age.labels(database).set(xid_age)
+
+    def dead_tuples(self, table: str, database: str, count: int) -> None:
+        self.instruments.dead_tuples.labels(table, database).set(count)
+
+    def process_ended(self) -> None:
+        mark_process_dead(os.getpid())
+
 
 class PrometheusScrapeMetrics(PrometheusMetrics):
     """`PrometheusMetrics` that also reads the backlog on every scrape of its registry.
@@ -208,4 +259,80 @@ class _BacklogOnScrape(Collector):
             for alias in idle:  # opened here: a scrape thread may never come back
                 if not connections[alias].in_atomic_block:
                     connections[alias].close()
+        return []
+
+
+def mark_process_dead(pid: int, path: str | None = None) -> None:
+    """Remove process `pid`'s live gauge files from the multiprocess directory `path`
+    (default: PROMETHEUS_MULTIPROC_DIR; nothing happens when neither is set): its gauges
+    are no longer shown. Its counters and histograms stay counted."""
+    path = path or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+
+
+def sweep_dead_processes(path: str) -> list[int]:
+    """Mark dead every process with live gauge files in `path` that no longer runs on
+    this host; the ids of those marked.
+
+    The directory is this host's (prometheus_client's files are memory-mapped), so a
+    process id that does not run here belongs to a process that ended without marking
+    itself dead: killed, or never told."""
+    gone = set()
+    for name in glob.glob(os.path.join(glob.escape(path), "gauge_live*_*.db")):
+        match = _LIVE_FILE.fullmatch(os.path.basename(name))
+        if match and not _running(int(match.group(1))):
+            gone.add(int(match.group(1)))
+    for pid in sorted(gone):
+        mark_process_dead(pid, path)
+        logger.info(
+            "Prometheus gauges of ended process %s withdrawn",
+            pid,
+            extra={"event": "outbox.metrics_process_gone", "pid": pid},
+        )
+    return sorted(gone)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it runs
+        return True
+    return True
+
+
+def multiprocess_registry(path: str | None = None) -> CollectorRegistry:
+    """A registry of every process writing to the multiprocess directory `path` (default:
+    PROMETHEUS_MULTIPROC_DIR): what a process serving ``/metrics`` for them exposes.
+    Each collection first withdraws the live gauges of processes that no longer run
+    (`sweep_dead_processes`). Raises ValueError when `path` is no directory."""
+    path = path or os.environ.get("PROMETHEUS_MULTIPROC_DIR") or ""
+    registry = CollectorRegistry()
+    sweep = _SweepDeadProcesses(path)
+    registry.register(sweep)  # first: the registry collects in registration order
+    try:
+        multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
+    except ValueError:
+        registry.unregister(sweep)
+        raise
+    return registry
+
+
+class _SweepDeadProcesses(Collector):
+    """Collects nothing itself: withdraws ended processes' live gauges just before the
+    multiprocess collector, registered after it, reads the directory."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            sweep_dead_processes(self.path)
+        except OSError:
+            logger.exception("Withdrawing the gauges of ended processes failed")
         return []

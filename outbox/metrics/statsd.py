@@ -13,7 +13,9 @@ the gauges ``outbox.backlog_rows.<table>.<scope>``, ``outbox.backlog_shards.<...
 shows the last one sent, as StatsD gauges do not add up), the health gauges
 ``outbox.oldest_due_age_seconds.<table>.<scope>`` (likewise ``due_rows``, ``due_shards``,
 ``failing_shards``, ``dead_letters``, ``expired_leases``) and
-``outbox.gauges_read_timestamp_seconds.<table>``.
+``outbox.gauges_read_timestamp_seconds.<table>``; on PostgreSQL the vacuum gauges
+``outbox.oldest_xmin_age_seconds.<database>`` (not sent where PostgreSQL does not show
+it), ``outbox.oldest_xmin_xid_age.<database>`` and ``outbox.dead_tuples.<table>.<database>``.
 The table is its model label with the dot replaced: ``outbox_RegionOutbox``.
 """
 
@@ -94,6 +96,15 @@ class StatsdMetrics(Metrics):
 
     def stuck_receivers(self, table: str, count: int) -> None:
         self.client.gauge(_name("stuck_receivers", table), count)
+
+    def xmin_horizon(self, database: str, age_seconds: float | None, xid_age: int) -> None:
+        with self.client.pipeline() as batch:
+            if age_seconds is not None:
+                batch.gauge(_name("oldest_xmin_age_seconds", database), age_seconds)
+            batch.gauge(_name("oldest_xmin_xid_age", database), xid_age)
+
+    def dead_tuples(self, table: str, database: str, count: int) -> None:
+        self.client.gauge(_name("dead_tuples", table, database), count)
 
 
 @functools.lru_cache(maxsize=4096)

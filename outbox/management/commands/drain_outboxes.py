@@ -371,21 +371,20 @@ def _prometheus_registry(multiprocess_dir: str | None) -> CollectorRegistry:
             f'"prometheus" (it is {outbox_settings.METRICS!r}) and install '
             "prometheus_client (pip install 'django-outboxes[prometheus]')."
         )
-    from prometheus_client import REGISTRY, CollectorRegistry
-    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client import REGISTRY
+
+    from outbox.metrics.prometheus import multiprocess_registry
 
     if multiprocess_dir is None:
         metrics = installed()
         return metrics.registry if isinstance(metrics, PrometheusMetrics) else REGISTRY
-    registry = CollectorRegistry()
     try:
-        MultiProcessCollector(registry, path=multiprocess_dir)  # type: ignore[no-untyped-call]
+        return multiprocess_registry(multiprocess_dir)
     except ValueError as exc:
         raise CommandError(
             f"--metrics-port: PROMETHEUS_MULTIPROC_DIR={multiprocess_dir!r} is not a "
             "directory; create it (empty) before the processes start, or unset it."
         ) from exc
-    return registry
 
 
 def _unservable(port: int, address: str, exc: OSError) -> str:
