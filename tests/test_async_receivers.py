@@ -238,3 +238,20 @@ def test_lifecycle_receivers_of_awaited_shards_may_query_the_database(
         message_processed.disconnect(processed, sender=RegionOutbox)
     assert stats.rows_retired == 3
     assert sorted(seen) == [(0, True), (1, True), (2, True)]
+
+
+def test_awaited_calls_in_flight_reach_the_concurrency_past_the_batch_shards(
+    calls, settings, async_receiver, async_only
+):
+    """Calls awaited on the loop go on while the drain claims and reads more shards: with
+    `async def` receivers that wait, OUTBOX_CONCURRENCY calls are in flight, far above
+    OUTBOX_BATCH_SHARDS (what one claim takes)."""
+    settings.OUTBOX_CONCURRENCY = 200
+    settings.OUTBOX_BATCH_SHARDS = 20
+    receiver = async_receiver(AsyncCalls(seconds=0.5))
+    write(400)
+    stats = drain_outboxes([RegionOutbox])
+    assert stats.rows_retired == 400
+    edges = sorted([(e[3], 1) for e in receiver.entries] + [(e[4], -1) for e in receiver.entries])
+    peak = max(itertools.accumulate(step for _, step in edges))
+    assert peak >= 150, peak  # of 200: every slot busy, short of the claims' own time

@@ -204,6 +204,21 @@ def test_accepted_payload_is_delivered_as_its_json(payload, delivered, calls):
     assert not RegionOutbox.objects.exists()
 
 
+@pytest.mark.parametrize("with_null", [True, False], ids=["with-sql-null", "json-only"])
+def test_every_accepted_payload_read_in_one_window_is_delivered_as_its_json(calls, with_null):
+    """The drain decodes a window's payloads together: each receiver call still gets
+    its own message's payload, whatever its neighbours hold (deep nesting, big numbers,
+    non-ASCII, and a None payload, which Django stores as SQL NULL)."""
+    cases = [case for case in ROUND_TRIPS if with_null or case.values[0] is not None]
+    with outbox_context(transaction.atomic(), flush=False):
+        for n, case in enumerate(cases):
+            RegionOutboxFactory(shard_identifier=n, object_identifier=n, payload=case.values[0])
+    drain_outboxes([RegionOutbox])
+    delivered = {call["object_identifier"]: call["payload"] for call in calls.calls}
+    assert delivered == {n: case.values[1] for n, case in enumerate(cases)}
+    assert not RegionOutbox.objects.exists()
+
+
 @pytest.mark.usefixtures("scratch_registry")
 def test_extreme_identifiers_in_range_are_stored_and_delivered(calls):
     # Every identifier column is signed: negative values are valid, down to the minimum.

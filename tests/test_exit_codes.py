@@ -6,6 +6,7 @@ result counts what it dead-lettered."""
 import io
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -51,28 +52,44 @@ def test_a_loop_stopped_by_sigterm_after_a_failure_exits_0(calls, settings):
     settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.05
     calls.failing = {1}
     RegionOutboxFactory(shard_identifier=1)
+    sent = []  # time.monotonic() when the SIGTERM was sent
+    stray = []  # signals that reached this test's own handler instead of the command's
 
-    def sigterm(sender, **kwargs):
-        # A real SIGTERM to this process once the failure is recorded; the command's
-        # handler (main thread) takes it.
+    def sigterm():
+        sent.append(time.monotonic())
         os.kill(os.getpid(), signal.SIGTERM)
 
-    delivery_failed.connect(sigterm, sender=RegionOutbox, weak=False)
+    # A real SIGTERM to this process a while after the failure, the loop idle by then and
+    # meant to go on for its whole --max-seconds; the command's handler (main thread)
+    # should take it.
+    stopper = threading.Timer(0.5, sigterm)
+
+    def failed(sender, **kwargs):
+        if not stopper.is_alive() and not sent:  # at the first failure only
+            stopper.start()
+
+    delivery_failed.connect(failed, sender=RegionOutbox, weak=False)
+    # Outside the command's handler a SIGTERM would end the test run: it lands here.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stray.append(signum))
     out, err = io.StringIO(), io.StringIO()
-    started = time.monotonic()
     try:
         # No CommandError: status 0.
         call_command(
             "drain_outboxes",
-            *("--loop", "--max-seconds", "20", "--progress-every", "0"),
+            *("--loop", "--max-seconds", "30", "--progress-every", "0"),
             stdout=out,
             stderr=err,
         )
+        returned = time.monotonic()
     finally:
-        delivery_failed.disconnect(sigterm, sender=RegionOutbox)
-    # It heard the signal and stopped on it, not at the end of its 20 seconds.
-    assert "signal 15, stopping after the current receiver" in err.getvalue()
-    assert time.monotonic() - started < 15
+        stopper.cancel()
+        delivery_failed.disconnect(failed, sender=RegionOutbox)
+        signal.signal(signal.SIGTERM, previous)
+    # The loop ran until the signal, heard it, said so and stopped on it: not before (by
+    # itself), nor at the end of its --max-seconds.
+    assert len(sent) == 1 and stray == [], err.getvalue()
+    assert err.getvalue().count("signal 15, stopping after the current receiver") == 1
+    assert returned - sent[0] < 10, err.getvalue()
     assert "failures 1" in out.getvalue()  # it failed, was told to stop, and says so
 
 

@@ -312,11 +312,22 @@ def test_another_4xx_is_an_ordinary_failure(server, make_relay):
 @committing
 def test_a_server_slower_than_the_timeout_fails_the_attempt(server, make_relay):
     make_relay(timeout=0.3)
-    server.answer = lambda r: (200, {}, b"too late", 1.5)
+    # The server answers only once the test lets it (or, should the relay wait, once the
+    # server gives up waiting), and notes when it did.
+    release, answered = threading.Event(), threading.Event()
+
+    def answer(received):
+        release.wait(10)
+        answered.set()
+        return 200, {}, b"too late", 0.0
+
+    server.answer = answer
     rows = write(shards=1, per_shard=1)
-    started = time.monotonic()
-    stats = drain_outboxes()
-    assert time.monotonic() - started < 1.2  # the relay gave up, it did not wait
+    try:
+        stats = drain_outboxes()
+        assert not answered.is_set()  # the relay gave up, it did not wait for the answer
+    finally:
+        release.set()
     assert stats.failures == 1
     row = RegionOutbox.objects.get()
     assert str(row.message_id) in rows and row.attempts == 1
@@ -364,8 +375,8 @@ def messages(shards, per_shard):
 
 def test_a_batch_posts_its_shards_at_once_each_in_order(server, make_relay):
     relay = make_relay(connect=False, concurrency=20)
-    # The server answers each shard's first request only once all 20 are in flight (or
-    # after 5 seconds, when it gives up waiting): posted one after another, they never are.
+    # The server answers each shard's first request only once every shard's is in flight
+    # (or when the barrier gives up waiting): posted one after another, they never are.
     all_shards = threading.Barrier(20, timeout=5)
 
     def answer(received):

@@ -16,7 +16,7 @@ Coalesced = tuple[
 
 def coalesce(
     model: type[OutboxBase],
-    rows: Sequence[Sequence[Any]],
+    rows: Sequence[tuple[Any, ...]],
     shards: Sequence[ShardKey] = (),
 ) -> Coalesced:
     """Group rows read in id order (within each shard) into coalescing groups.
@@ -41,7 +41,7 @@ def coalesce(
     shard_groups: list[Group] = []
     by_object: dict[tuple[int, int], Group] = {}
     for row in rows:
-        raw = tuple(row[:width])
+        raw = row[:width]  # rows are tuples (as the drivers and values_list give them)
         if raw != last_raw:  # rows of one shard usually come together
             last_raw = raw
             if raw not in per_shard:
@@ -56,9 +56,11 @@ def coalesce(
         object_key = (row[width + 1], row[width + 2])
         group = by_object.get(object_key)
         if group is None:
-            group = by_object[object_key] = Group(shard, *object_key)
+            group = Group(shard, object_key[0], object_key[1], row[width], row[width + 3])
+            by_object[object_key] = group
             shard_groups.append(group)
-        group.row_ids.append(row[width])
-        group.attempts.append(row[width + 3])
+        else:
+            group.row_ids.append(row[width])
+            group.attempts.append(row[width + 3])
         newest[group] = row  # the last row seen of a group is its newest
     return groups, newest, read, cut

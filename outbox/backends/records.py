@@ -78,7 +78,7 @@ class Message:
         message_id: Any = None,
         headers: Any = None,
     ) -> None:
-        self.id = group.newest_id
+        self.id = group.row_ids[-1]  # the newest
         self.attempts = group.attempts[-1]
         self.region_name, self.shard_scope, self.shard_identifier = group.shard
         self.category = group.category
@@ -100,12 +100,15 @@ class Group:
 
     __slots__ = ("attempts", "category", "message", "object_identifier", "row_ids", "shard")
 
-    def __init__(self, shard: ShardKey, category: int, object_identifier: int) -> None:
+    def __init__(
+        self, shard: ShardKey, category: int, object_identifier: int, row_id: int, attempts: int
+    ) -> None:
+        """A group as its first (oldest) row is read: that row's id and attempts."""
         self.shard = shard
         self.category = category
         self.object_identifier = object_identifier
-        self.row_ids: list[int] = []
-        self.attempts: list[int] = []
+        self.row_ids: list[int] = [row_id]
+        self.attempts: list[int] = [attempts]
         self.message: OutboxBase | Message | None = None
 
     @property

@@ -60,7 +60,8 @@ class OutboxSettings:
     )
     BATCH_SHARDS: Setting[int] = Setting(
         100,
-        "How many due shards one worker claims at once. On PostgreSQL's fast path a drain "
+        "How many due shards one worker claims at once, but never fewer than "
+        "`OUTBOX_CONCURRENCY` (a shard for every slot). On PostgreSQL's fast path a drain "
         "whose shards hold only a row or two each claims more, up to `OUTBOX_BATCH_ROWS` "
         "shards per batch, so one message per shard costs the same round trips per message.",
         at_least=1,

@@ -43,20 +43,13 @@ class Holding:
     # instead of `receiver_started`.
     call: Any = None
 
-    # Receiver calls made on the drain's own thread, and their time (for `Pace`).
-    calls: int = 0
-    call_seconds: float = 0.0
-
     def begin_call(self, group: object) -> float:
         """A receiver call starts (the drain's own thread): the keeper watches it."""
         started = self.receiver_started = time.monotonic()
         return started
 
     def end_call(self) -> None:
-        started, self.receiver_started = self.receiver_started, None
-        if started is not None:
-            self.calls += 1
-            self.call_seconds += time.monotonic() - started
+        self.receiver_started = None
 
     def needs_renewal(self, now: float) -> bool:
         return now - self.renewed_at >= self.lease.seconds / 3

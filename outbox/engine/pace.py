@@ -8,8 +8,8 @@ they are delivered again. Through a backlog a worker has two rounds unsettled at
 `OUTBOX_UNSETTLED_SECONDS` when receivers wait (calls of `WAITING_CALL_SECONDS` or more):
 a drain claims the shards its slots deliver in that time, judged by its last batch, in
 whole rounds of its slots, within the row-count budget (`OUTBOX_BATCH_SHARDS`,
-`OUTBOX_BATCH_ROWS`). Receivers that return at once fill the budget long before, so for
-them a batch may take up to
+`OUTBOX_BATCH_ROWS`) and never fewer than one shard per slot. Receivers that return at
+once fill the budget long before, so for them a batch may take up to
 `FAST_BATCH_SECONDS`, and the statements per message stay what they were. Windows are
 not shortened: a group is delivered with the newest row its window read, so a window
 cut short would deliver a group twice in one pass. A first claim, before the drain has
@@ -53,7 +53,10 @@ class Pace:
         return FAST_BATCH_SECONDS
 
     def limit(self, budget: int, concurrency: int) -> int:
-        """How many shards the next claim takes, at most `budget`, at least one per slot."""
+        """How many shards the next claim takes: at most `budget`, but at least one per
+        slot whatever the budget, so that every slot has a shard to deliver (with
+        `async def` receivers, hundreds of calls may wait at once)."""
+        budget = max(budget, concurrency)
         per_shard = self.seconds_per_shard
         if per_shard is None:
             return min(budget, max(FIRST_CLAIM_LEAST, FIRST_CLAIM_PER_SLOT * concurrency))
@@ -62,7 +65,7 @@ class Pace:
             # Whole rounds of the slots: a last round that keeps only some of them busy
             # takes as long as a full one.
             fits -= fits % concurrency
-        return max(min(budget, fits), min(budget, concurrency), 1)
+        return max(min(budget, fits), concurrency, 1)
 
 
 def shard_budget(wide_batches: bool, batch: DrainStats) -> int:

@@ -80,8 +80,9 @@ class ReceiverCalls:
         them. Raises DeliveryFailed when a receiver raised (after the others ran); a
         category with no receiver raises NoReceiver.
         """
-        route = self._route(group.category)
+        route = self._routes.get(group.category) or self._route(group.category)
         message = group.message
+        assert message is not None  # a group whose row is gone is not sent
         if kwargs is None:
             kwargs = self.model.message_kwargs(message)
             kwargs["using"] = self.using
@@ -89,11 +90,17 @@ class ReceiverCalls:
                 with tracing.delivery_span(self.tracer, kwargs, route.category):
                     return self.send(group, retire, kwargs)
         timings = self.timings
-        if timings is not None:
-            timings.clear()
         if not route.transactional:
+            # The hot path: no timings, no receiver done before (`_done_before`, inline).
+            if timings is None and not message.delivered_to:
+                route.send_all(kwargs)
+                return False
+            if timings is not None:
+                timings.clear()
             route.send(kwargs, _done_before(message), robust=True, timings=timings)
             return False
+        if timings is not None:
+            timings.clear()
         try:
             with transaction.atomic(using=self.using):
                 route.send(kwargs, frozenset(), robust=False, timings=timings)
@@ -162,6 +169,30 @@ class _Route:
         ]
         self.async_receivers = async_receivers
         self.awaitable = bool(async_receivers) and not sync_receivers and not self.transactional
+
+    def send_all(self, kwargs: dict[str, Any]) -> None:
+        """`send` (robust) with no receiver done before and no timings: the happy path
+        calls the receivers and nothing more; which ones succeeded is worked out only
+        when one raised."""
+        receivers, signal, category = self.receivers, self.signal, self.category
+        if not receivers:
+            raise NoReceiver(f"no receiver is connected for category {category.name}")
+        errors: list[tuple[Callable[..., Any], Exception]] | None = None
+        # In the message's own dict, so that a call unpacks one dict rather than merging
+        # two into a new one first (each receiver still gets a dict of its own).
+        kwargs["signal"], kwargs["sender"] = signal, category
+        for receiver, call in receivers:
+            try:
+                call(**kwargs)
+            except Exception as exc:
+                if errors is None:
+                    errors = []
+                errors.append((receiver, exc))
+        if errors is not None:
+            failed = [receiver for receiver, _ in errors]
+            succeeded = [r for r, _ in receivers if not any(r is f for f in failed)]
+            named = [(receiver_id(receiver), exc) for receiver, exc in errors]
+            _raise_failed(named, _NONE_DONE, succeeded)
 
     def send(
         self,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from functools import partial
 
 import outbox.engine.events as events
@@ -51,30 +52,47 @@ class ShardDeliverer:
         self.report_processed = report_processed
         self.calls = receivers.ReceiverCalls(model, using, timed=report_processed)
         self._awaitable: dict[int, bool] = {}  # by category, for this window
+        # The group `_deliver_group` sends now, and its round: what `_retire_sending`
+        # retires (a bound method made once: the hot path makes no closure per call).
+        self._sending_group: Group | None = None
+        self._sending_round: Round | None = None
+        self._retire = self._retire_sending
         # No async receiver at all (the usual case): no shard is ever awaitable.
         self.any_async = has_async_receivers(model.process_signal)
 
     def deliver(
         self, shard: ShardKey, groups: list[Group], round_: Round, call: Holding | ShardTask
     ) -> bool:
-        """Deliver the shard's groups in order until one fails; False when stopping.
-        `call` records the call running now (for the keeper, or the slots)."""
+        """Deliver one shard's groups (see `deliver_each`)."""
+        return self.deliver_each(((shard, groups),), round_, call)
+
+    def deliver_each(
+        self,
+        shards: Iterable[tuple[ShardKey, list[Group]]],
+        round_: Round,
+        call: Holding | ShardTask,
+    ) -> bool:
+        """Deliver each shard's groups in order until one fails, shard after shard; False
+        when stopping. `call` records the call running now (for the keeper, or the
+        slots). One loop over a window's shards: with one message per shard, a call per
+        shard would cost as much as the message."""
         # The hot path of receivers that return at once: the lease check and `_may_call`
         # inlined.
         stop, holding = self.stop, self.holding
         overdue_after = holding.lease.seconds / 2  # see Holding
-        for group in groups:
-            if stop.is_set():
-                return False
-            if time.monotonic() - holding.renewed_at >= overdue_after:
-                self._confirm_lease(holding)
-            if shard in holding.lost:
-                round_.lost.add(shard)
-                break
-            if group.message is None:
-                break  # removed by an operator meanwhile; the next read sees the rest
-            if not self._deliver_group(group, round_, call):
-                break
+        for shard, groups in shards:
+            for group in groups:
+                if stop.is_set():
+                    return False
+                if time.monotonic() - holding.renewed_at >= overdue_after:
+                    self._confirm_lease(holding)
+                if shard in holding.lost:
+                    round_.lost.add(shard)
+                    break
+                if group.message is None:
+                    break  # removed by an operator meanwhile; the next read sees the rest
+                if not self._deliver_group(group, round_, call):
+                    break
         return True
 
     def awaitable(self, groups: list[Group]) -> bool:
@@ -138,13 +156,11 @@ class ShardDeliverer:
 
     def _deliver_group(self, group: Group, round_: Round, call: Holding | ShardTask) -> bool:
         """Deliver one group; False when its shard must stop here."""
-        lease = self.holding.lease
         started = call.begin_call(group)
+        self._sending_group, self._sending_round = group, round_
         error: Exception | None = None
         try:
-            retired_inline = self.calls.send(
-                group, lambda: not self._retire_now(lease, {group.shard: group.row_ids}, round_)
-            )
+            retired_inline = self.calls.send(group, self._retire)
         except Exception as exc:
             error = exc
         finally:
@@ -159,6 +175,13 @@ class ShardDeliverer:
         if self.report_processed:
             self._processed(group, started, self.calls)
         return True
+
+    def _retire_sending(self) -> bool:
+        """Retire the group being sent inside its transactional receivers' transaction;
+        False when its lease was lost."""
+        group, round_ = self._sending_group, self._sending_round
+        assert group is not None and round_ is not None
+        return not self._retire_now(self.holding.lease, {group.shard: group.row_ids}, round_)
 
     @staticmethod
     def _delivered(group: Group, round_: Round) -> None:

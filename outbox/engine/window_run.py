@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 
 from outbox.backends.base import Group
@@ -124,27 +124,35 @@ class WindowRun:
     def _work_bulk(self, bulk: BulkTask, deliver: ShardDeliverer) -> None:
         """The hot path of receivers that return at once: the lock is taken once per
         `RESERVE` shards, and nothing is allocated per shard."""
-        reserved, into, awaitable = bulk.reserved, bulk.round, self._awaitable(deliver)
         try:
-            while True:
-                try:  # popped here or handed back by `widen`, never both
-                    bulk.shard, groups = reserved.popleft()
-                except IndexError:
-                    if self._reserve(bulk):
-                        continue
-                    break
-                if not reserved:
-                    self._note_emptied()
-                if awaitable is not None and awaitable(groups):
-                    self._await(self._own_task(bulk.shard, groups), deliver)
-                    continue
-                deliver.deliver(bulk.shard, groups, into, bulk)
+            deliver.deliver_each(self._bulk_shards(bulk, deliver), bulk.round, bulk)
         except Abandoned:
             raise  # the drain has settled this shard already; the slot ends
         except BaseException as exc:
             bulk.error = exc  # raised in the drain's thread
             self.drop_queued()  # the error ends the window, as on the drain's thread
         self._finish(bulk)
+
+    def _bulk_shards(
+        self, bulk: BulkTask, deliver: ShardDeliverer
+    ) -> Iterator[tuple[ShardKey, list[Group]]]:
+        """The bulk task's shards, one at a time (`bulk.shard` the one delivered now);
+        those to be awaited go to the loop instead."""
+        reserved, awaitable = bulk.reserved, self._awaitable(deliver)
+        while True:
+            try:  # popped here or handed back by `widen`, never both
+                item = reserved.popleft()
+            except IndexError:
+                if self._reserve(bulk):
+                    continue
+                return
+            bulk.shard, groups = item
+            if not reserved:
+                self._note_emptied()
+            if awaitable is not None and awaitable(groups):
+                self._await(self._own_task(bulk.shard, groups), deliver)
+                continue
+            yield item
 
     def _reserve(self, bulk: BulkTask) -> bool:
         """Move the next shards from the queue to the bulk task (one once others help)."""

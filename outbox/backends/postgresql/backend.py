@@ -192,7 +192,7 @@ class PostgresBackend(OutboxBackend):
     def _window(
         self,
         model: type[OutboxBase],
-        rows: Sequence[Sequence[Any]],
+        rows: Sequence[tuple[Any, ...]],
         shards: Sequence[ShardKey],
         per_shard: int,
     ) -> Window:
