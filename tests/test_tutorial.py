@@ -56,6 +56,7 @@ def run_tutorial(tmp_path, **extra_env):
 def test_the_tutorial_runs_as_documented(tmp_path):
     done = run_tutorial(tmp_path)
     assert_ran_as_documented(done)
+    assert done.stdout.count("    vacuum: not available on SQLite (PostgreSQL only)") == 2
 
 
 @pytest.mark.skipif(
@@ -71,6 +72,12 @@ def test_the_tutorial_runs_on_postgresql(tmp_path, tutorial_database):
         **{f"TUTORIAL_DB_{key}": value for key, value in tutorial_database.items()},
     )
     assert_ran_as_documented(done)
+    # The page's PostgreSQL sample of outbox_status: vacuum health in place of SQLite's
+    # "not available".
+    assert "    vacuum: outbox_regionoutbox: " in done.stdout
+    assert "default: autovacuum " in done.stdout
+    assert "    lease table outbox_shardlease: " in done.stdout
+    assert "not available" not in done.stdout
     with _postgres(tutorial_database["NAME"], tutorial_database) as connection:
         triggers = connection.execute(
             "SELECT tgrelid::regclass::text FROM pg_trigger WHERE tgname = 'outbox_notify'"
