@@ -13,8 +13,6 @@ from outbox.shards import ShardKey
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from outbox.models.outbox import OutboxBase
-
 
 class ShardLeaseQuerySet(models.QuerySet[Any]):
     """The lease states, named once; every reader (engine, admin, status, dispatch) uses
@@ -35,7 +33,7 @@ class ShardLeaseQuerySet(models.QuerySet[Any]):
     def _where(self, **lookups: Any) -> Self:
         return cast("Self", self.filter(**lookups))
 
-    def of(self, model: type[OutboxBase]) -> Self:
+    def of(self, model: type[models.Model]) -> Self:
         """The leases of one outbox table."""
         return self._where(outbox=model._meta.label_lower)
 

@@ -11,17 +11,28 @@ import json
 import re
 from collections.abc import Callable
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models.options import Options
 
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.headers import allowed_credentials, check_writer_header, control_character
 
-if TYPE_CHECKING:
-    from outbox.models.outbox import OutboxBase
+
+class OutboxRow(Protocol):
+    """What the checks read of an outbox row (`outbox.models.OutboxBase`, which imports
+    this module to validate itself)."""
+
+    _meta: ClassVar[Options[Any]]
+    shard_fields: ClassVar[tuple[str, ...]]
+    shard_scope: int
+    category: int
+    headers: Any
+    payload: Any
+
 
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
@@ -39,7 +50,7 @@ _LONE_SURROGATE = "a lone surrogate, which is not valid Unicode"
 _CONTAINERS = (dict, list, tuple)
 
 
-def validate_message(row: OutboxBase) -> str:
+def validate_message(row: OutboxRow) -> str:
     """Raise InvalidOutboxMessage, naming the problem, if the row must not be saved;
     else return its payload as JSON text, encoded with the payload field's encoder."""
     integers, texts = _columns(type(row))
@@ -55,7 +66,7 @@ def validate_message(row: OutboxBase) -> str:
 
 @cache
 def _columns(
-    model: type[OutboxBase],
+    model: type[OutboxRow],
 ) -> tuple[tuple[tuple[str, int, int], ...], tuple[str, ...]]:
     """The integer columns checked, each with the values every supported database
     stores in it; and the shard columns that are not among them (region_name)."""
@@ -69,7 +80,7 @@ def _columns(
     return integers, tuple(f for f in model.shard_fields if f not in _INTEGER_FIELDS)
 
 
-def _check_integer(row: OutboxBase, field: str, low: int, high: int) -> None:
+def _check_integer(row: OutboxRow, field: str, low: int, high: int) -> None:
     value = getattr(row, field)
     if value.__class__ is not int and (isinstance(value, bool) or not isinstance(value, int)):
         raise InvalidOutboxMessage(f"{field} must be an integer, got {value!r}.")
@@ -79,7 +90,7 @@ def _check_integer(row: OutboxBase, field: str, low: int, high: int) -> None:
         )
 
 
-def _check_text(row: OutboxBase, field: str) -> None:
+def _check_text(row: OutboxRow, field: str) -> None:
     """Text shard columns (region_name): no control character (it travels in the
     relays' ``outbox-shard`` header), no lone surrogates, on any database."""
     value = getattr(row, field)
@@ -137,13 +148,13 @@ def _check_headers(headers: object) -> None:
         )
 
 
-def _category(row: OutboxBase) -> str:
+def _category(row: OutboxRow) -> str:
     """The row's category as errors name it: by its declared name (read only when a row
     is refused, so a row that passes pays nothing for it)."""
     return registry.category_name(row.category)
 
 
-def _check_payload(row: OutboxBase) -> str:
+def _check_payload(row: OutboxRow) -> str:
     """Check the payload's JSON text and return it (the deferred writer keeps it, so a
     held row is written as it was when saved)."""
     try:
@@ -177,7 +188,7 @@ def _check_payload(row: OutboxBase) -> str:
 
 
 @cache
-def _payload_encoder(model: type[OutboxBase]) -> Callable[[Any], str]:
+def _payload_encoder(model: type[OutboxRow]) -> Callable[[Any], str]:
     """How the payload becomes JSON text, as json.dumps would make it with the payload
     field's own encoder class (as Django uses it). allow_nan=False: NaN and infinity are
     not JSON, and PostgreSQL would reject them mid-transaction, leaving the caller's
@@ -189,7 +200,7 @@ def _payload_encoder(model: type[OutboxBase]) -> Callable[[Any], str]:
     return lambda payload: encoder(allow_nan=False).encode(payload)
 
 
-def _encoder_hint(model: type[OutboxBase], exc: Exception) -> str:
+def _encoder_hint(model: type[OutboxRow], exc: Exception) -> str:
     """For a value of a type JSON lacks (a datetime, a Decimal, a UUID), the two ways
     out: convert it, or encode the table's payloads with an encoder that knows it."""
     if not (isinstance(exc, TypeError) and str(exc).startswith("Object of type")):

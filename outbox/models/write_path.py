@@ -8,12 +8,12 @@ A row validates itself, then hands its save (or a queryset its bulk insert) to
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from outbox.models.outbox import OutboxBase
+from django.db import models
 
-_Row = TypeVar("_Row", bound="OutboxBase")
+# An outbox row (`outbox.models.OutboxBase`, which imports this module).
+_Row = TypeVar("_Row", bound=models.Model)
 
 
 class WritePath:
@@ -28,7 +28,7 @@ class WritePath:
 
     def save(
         self,
-        row: OutboxBase,
+        row: models.Model,
         using: str,
         payload_json: str,
         save_now: Callable[[], None],

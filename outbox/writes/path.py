@@ -10,30 +10,34 @@ writer is on (`outbox.writes.deferred`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
+
+from django.db import models
 
 from outbox.models import OutboxBase, WritePath
 from outbox.writes import context
 from outbox.writes.announce import announce_saved
 
-_Row = TypeVar("_Row", bound=OutboxBase)
+_Row = TypeVar("_Row", bound=models.Model)
 
 
 class ContextWritePath(WritePath):
     def save(
         self,
-        row: OutboxBase,
+        row: models.Model,
         using: str,
         payload_json: str,
         save_now: Callable[[], None],
         can_hold: bool,
     ) -> None:
+        # Only outbox rows come here (`WritePath` names them as models, below them).
+        rows = [cast(OutboxBase, row)]
         context.require_context()
-        if can_hold and context.hold([row], [payload_json], using, saved=True):
+        if can_hold and context.hold(rows, [payload_json], using, saved=True):
             return  # written at the commit of the enclosing outbox_context
         save_now()
-        context.record_writes(using, [row])
-        announce_saved([row], using)
+        context.record_writes(using, rows)
+        announce_saved(rows, using)
 
     def bulk_create(
         self,
@@ -44,11 +48,13 @@ class ContextWritePath(WritePath):
         can_hold: bool,
     ) -> list[_Row]:
         context.require_context()
-        if can_hold and context.hold(rows, payloads_json, using, saved=False):
+        if can_hold and context.hold(
+            cast(list[OutboxBase], rows), payloads_json, using, saved=False
+        ):
             return rows  # written at the commit of the enclosing outbox_context
         created = create_now()
-        context.record_writes(using, created)
-        announce_saved(created, using)
+        context.record_writes(using, cast(list[OutboxBase], created))
+        announce_saved(cast(list[OutboxBase], created), using)
         return created
 
 
