@@ -6,18 +6,41 @@ The page shows only the tables the user may view (the view or change permission 
 outbox model: `outbox.admin.leases.viewable_outboxes`). All figures come from
 `outbox.health.snapshot.table_status` (what `manage.py outbox_status` reports: a fixed
 number of aggregate queries per table, lease states read through `ShardLease.objects`);
-this module only shapes them for the template.
+this module only shapes them for the template, with a few bounded queries of its own:
+
+- each count links to the change list filtered to exactly what it counts (`COUNT_LINKS`:
+  the filters of `outbox.admin.filters` and the lease list's `outbox` column);
+- `failing_shards`: the shards that need a look, worst first: leases a worker left to
+  expire (stuck), leases held longer than the receiver deadline (a long batch or a hung
+  call), and shards with live failing rows (backing off or retry due), each with its
+  last error; dead letters are counted apart;
+- `drain_activity`: what the leases tell of the drains. No drain records a heartbeat in
+  the database, so the page says what it knows (a lease renewed within the lease
+  length, the last claim, how long retry-due shards have waited) and never more;
+- `state_of`: ok / warning / failing for the colour and the word of each line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
+from django.db import router
+from django.db.models import Count, Max, Min
+from django.urls import reverse
+from django.utils import timezone
+
+from outbox.admin.causes import url_name
 from outbox.categories import registry
+from outbox.conf import outbox_settings
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.health.snapshot import table_status
-from outbox.models import OutboxBase
+from outbox.models import OutboxBase, ShardLease
+
+# Failing shards listed per table.
+FAILING_SHARDS = 10
 
 # Dashboard column: key in a table_status scope entry.
 SCOPE_COLUMNS = {
@@ -32,25 +55,192 @@ SCOPE_COLUMNS = {
 }
 
 
-def dashboard_tables(models: Iterable[type[OutboxBase]]) -> list[dict[str, Any]]:
+# Dashboard column: (list, query) of the change list showing exactly what it counts;
+# list "rows" is the table's own change list, "leases" the shard lease list (filtered by
+# the table's label too). "shards" (distinct shards with pending rows) has no list.
+COUNT_LINKS: dict[str, tuple[str, dict[str, str]]] = {
+    "rows": ("rows", {"delivery": "pending"}),
+    "held": ("leases", {"state": "held"}),
+    "expired": ("leases", {"state": "expired"}),
+    "backing_off": ("leases", {"state": "backing_off"}),
+    "retry_due": ("leases", {"state": "retry_due"}),
+    "failing_rows": ("rows", {"delivery": "failing"}),
+    "dead_letters": ("rows", {"delivery": "dead"}),
+}
+
+# The words of the states, shown beside their colour.
+OK, WARNING, FAILING = "ok", "warning", "failing"
+
+
+def dashboard_tables(
+    models: Iterable[type[OutboxBase]], site_name: str = "admin"
+) -> list[dict[str, Any]]:
     """The figures of each table of `models`, in that order."""
-    return [table_figures(model) for model in models]
+    return [table_figures(model, site_name) for model in models]
 
 
-def table_figures(model: type[OutboxBase]) -> dict[str, Any]:
+def table_figures(model: type[OutboxBase], site_name: str = "admin") -> dict[str, Any]:
     status = table_status(model)
+    alias = status["database"]
+    lists = {
+        "rows": reverse(f"{site_name}:{url_name(model._meta, 'changelist')}"),
+        "leases": reverse(f"{site_name}:outbox_shardlease_changelist"),
+    }
     scopes = [scope_figures(scope) for scope in status["scopes"]]
-    return {
+    for scope in scopes:
+        scope["links"] = (
+            count_links(model, lists, {"shard_scope": str(scope["value"])})
+            if scope["value"] is not None
+            else {}
+        )
+        scope["state"] = state_of(scope)
+    figures = {
         "label": status["table"],
         "verbose_name": model._meta.verbose_name_plural,
         "opts": model._meta,
-        "database": status["database"],
+        "database": alias,
         **{column: sum(scope[column] for scope in scopes) for column in SCOPE_COLUMNS},
         "lag_seconds": status.get("lag_seconds", 0.0),
         "lag": age(status.get("lag_seconds", 0.0)) if status.get("due_rows") else "",
         "scopes": scopes,
-        "worst_shards": status.get("worst_shards", []),
+        "links": count_links(model, lists, {}),
+        "failing_shards": failing_shards(model, alias, lists["rows"]),
+        "causes": reverse(f"{site_name}:{url_name(model._meta, 'causes')}"),
+        "drains": drain_activity(model, alias),
     }
+    figures["state"] = state_of(figures)
+    return figures
+
+
+def count_links(
+    model: type[OutboxBase], lists: dict[str, str], extra: dict[str, str]
+) -> dict[str, str]:
+    """Column -> the URL of the change list filtered to exactly what that count counts."""
+    links = {}
+    # The lease list reads the leases of one database: a table whose leases live on
+    # another (its own) has no list for its lease counts.
+    leases_here = router.db_for_read(ShardLease) == router.db_for_read(model)
+    for column, (which, query) in COUNT_LINKS.items():
+        params = {**query, **extra}
+        if which == "leases":
+            if not leases_here:
+                continue
+            params = {"outbox": model._meta.label_lower, **params}
+        links[column] = f"{lists[which]}?{urlencode(params)}"
+    return links
+
+
+def state_of(figures: dict[str, Any]) -> str:
+    """failing: something is stuck or lost (an expired lease, dead letters); warning:
+    messages are failing or waiting for a retry; ok otherwise."""
+    if figures["expired"] or figures["dead_letters"]:
+        return FAILING
+    if figures["failing_rows"] or figures["backing_off"] or figures["retry_due"]:
+        return WARNING
+    return OK
+
+
+def failing_shards(model: type[OutboxBase], alias: str, changelist: str) -> list[dict[str, Any]]:
+    """The shards that need a look, worst first (see the module doc): stuck leases, then
+    leases held past the receiver deadline, then shards with live failing rows by their
+    highest attempt. Bounded: a few queries reading at most a few hundred rows."""
+    now = timezone.now()
+    leases = ShardLease.objects.using(alias).of(model)
+    found: dict[tuple[str, int, int], dict[str, Any]] = {}
+
+    def entry(key: tuple[str, int, int], **fields: Any) -> dict[str, Any]:
+        region, scope, identifier = key
+        query = {"shard_identifier": str(identifier), "shard_scope": str(scope)}
+        if region and "region_name" in model.shard_fields:
+            query["region_name"] = region
+        shown = {
+            "scope": registry.scope_name(scope),
+            "shard": str(model.shard_key_of(_shard_values(model, key))),
+            "attempts": 0,
+            "last_error": "",
+            "href": f"{changelist}?{urlencode(query)}",
+            **fields,
+        }
+        return found.setdefault(key, shown)
+
+    for lease in leases.abandoned().order_by("expires_at")[:FAILING_SHARDS]:
+        entry(
+            _lease_key(lease),
+            state=FAILING,
+            status=f"lease expired {age(_seconds(now, lease.expires_at))} ago, "
+            f"held by {lease.holder or 'a worker'}: it died, hung or stopped renewing",
+            rank=(0, 0),
+        )
+    deadline = timedelta(seconds=outbox_settings.RECEIVER_DEADLINE_SECONDS)
+    long_held = leases.held().filter(claimed_at__lte=now - deadline).order_by("claimed_at")
+    for lease in long_held[:FAILING_SHARDS]:
+        entry(
+            _lease_key(lease),
+            state=WARNING,
+            status=f"held {age(_seconds(now, lease.claimed_at))} by "
+            f"{lease.holder or 'a worker'}, longer than the receiver deadline: "
+            "a long batch or a hung call",
+            rank=(1, 0),
+        )
+    fields = model.shard_fields
+    rows = model._default_manager.using(alias).pending().filter(attempts__gt=0)
+    failing = rows.order_by("-attempts", "id").values(*fields, "attempts", "last_error")
+    failing_keys: list[tuple[str, int, int]] = []
+    for row in failing[: FAILING_SHARDS * 20]:
+        key = (row.get("region_name", ""), row["shard_scope"], row["shard_identifier"])
+        if key in found and found[key]["attempts"]:
+            continue
+        shard = entry(key, state=WARNING, status="", rank=(2, -row["attempts"]))
+        shard.update(attempts=row["attempts"], last_error=row["last_error"][:500])
+        failing_keys.append(key)
+        if len(failing_keys) == FAILING_SHARDS:
+            break
+    if failing_keys:
+        states = leases.filter(shard_identifier__in={key[2] for key in failing_keys})
+        by_key = {_lease_key(lease): lease for lease in states}
+        for key in failing_keys:
+            shard = found[key]
+            if shard["status"]:
+                continue
+            lease = by_key.get(key)
+            if lease is not None and lease.token is None and lease.expires_at > now:
+                wait = age(_seconds(lease.expires_at, now))
+                shard["status"] = f"backing off, retried in {wait}"
+            elif lease is not None and lease.token is not None and lease.expires_at > now:
+                shard["status"] = f"held by {lease.holder or 'a worker'}, retrying now"
+            else:
+                shard["status"] = "retry due: waiting for a drain"
+    return sorted(found.values(), key=lambda shard: shard["rank"])[:FAILING_SHARDS]
+
+
+def drain_activity(model: type[OutboxBase], alias: str) -> dict[str, Any]:
+    """What the leases of one table tell of its drains (see the module doc)."""
+    now = timezone.now()
+    leases = ShardLease.objects.using(alias).of(model)
+    held = leases.held().aggregate(n=Count("id"), holders=Count("holder", distinct=True))
+    last_claim = leases.aggregate(at=Max("claimed_at"))["at"]
+    retry_due = leases.retry_due().aggregate(n=Count("id"), since=Min("expires_at"))
+    return {
+        "held": held["n"],
+        "holders": held["holders"],
+        "lease_seconds": age(outbox_settings.LEASE_SECONDS),
+        "last_claim": age(_seconds(now, last_claim)) if last_claim else "",
+        "retry_due": retry_due["n"],
+        "retry_due_for": age(_seconds(now, retry_due["since"])) if retry_due["since"] else "",
+    }
+
+
+def _lease_key(lease: ShardLease) -> tuple[str, int, int]:
+    return (lease.region_name, lease.shard_scope, lease.shard_identifier)
+
+
+def _shard_values(model: type[OutboxBase], key: tuple[str, int, int]) -> list[Any]:
+    named = dict(zip(("region_name", "shard_scope", "shard_identifier"), key, strict=True))
+    return [named[field] for field in model.shard_fields]
+
+
+def _seconds(later: datetime, earlier: datetime) -> float:
+    return max((later - earlier).total_seconds(), 0.0)
 
 
 def scope_figures(scope: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet, outbox_mod
 from outbox.models.audit import WITH_SHARD, Audit
 
 DASHBOARD_URL_NAME = "outbox_dashboard"
+# How often the dashboard reloads itself (a meta refresh), unless opened with ?refresh=0.
+REFRESH_SECONDS = 10
 
 
 @admin.register(ShardLease)
@@ -127,8 +129,10 @@ class ShardLeaseAdmin(OperatorAdmin):
             **self.admin_site.each_context(request),
             "title": "Outbox dashboard",
             "opts": self.model._meta,
-            "tables": dashboard_tables(tables),
+            "tables": dashboard_tables(tables, self.admin_site.name),
             "lease_changelist": reverse(f"{self.admin_site.name}:outbox_shardlease_changelist"),
+            # ?refresh=0 turns the page's own refresh off.
+            "refresh_seconds": 0 if request.GET.get("refresh") == "0" else REFRESH_SECONDS,
         }
         return TemplateResponse(request, "admin/outbox/dashboard.html", context)
 

@@ -1,0 +1,99 @@
+"""The admin's pages at 1,400 px, the width of an operator's laptop: the change list shows
+`Scheduled for` and `Last error` without cutting them off, and the dead letters by cause
+page is no wider than the window (headless Chromium against Django's live server)."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from tests.browser import test_admin_browser
+from tests.browser.conftest import missing
+from tests.factories import ControlOutboxFactory, RegionOutboxFactory, failed_region_row
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(bool(missing()), reason=missing() or "browser available"),
+    pytest.mark.django_db(transaction=True, databases=["default", "control"]),
+]
+
+WIDTH = 1400
+# Errors as partners send them: long, with URLs and ids no line breaks may split.
+ERROR = (
+    "requests.exceptions.HTTPError: 503 Server Error: Service Unavailable for url: "
+    "https://crm.example.com/api/v2/organizations/8f14e45fceea167a5a36dedd4bea2543/"
+    "members?include=roles,permissions,billing_contacts&page_size=500 "
+    + "upstream_connect_error_or_disconnect_reset_before_headers "
+    * 3
+)
+TRACEBACK = "Traceback (most recent call last):\n" + "".join(
+    f'  File "/srv/app/venv/lib/python3.12/site-packages/crm_client/transport/http.py", '
+    f"line {n}, in send_request_with_retries_and_circuit_breaker_{n}\n"
+    for n in range(40)
+)
+
+
+def sized(open_admin, path):
+    page = open_admin(path)
+    page.set_viewport_size({"width": WIDTH, "height": 900})
+    page.reload()
+    return page
+
+
+def right_edge(page, selector):
+    return page.eval_on_selector(selector, "e => e.getBoundingClientRect().right")
+
+
+# The admin browser tests' fixture, registered here too: a page opened as a staff user.
+open_admin = test_admin_browser.open_admin
+
+
+def failing_rows(table):
+    for shard in range(1, 6):
+        if table == "regionoutbox":
+            failed_region_row(shard, attempts=3, last_error=ERROR, object_identifier=10**15 + shard)
+        else:
+            ControlOutboxFactory(
+                region_name="eu-central-1",
+                shard_identifier=shard,
+                object_identifier=10**15 + shard,
+                attempts=3,
+                last_error=ERROR,
+                scheduled_for=timezone.now() + timedelta(minutes=5),
+            )
+
+
+@pytest.mark.parametrize("table", ["regionoutbox", "controloutbox"])
+def test_the_change_list_shows_scheduled_for_and_last_error_at_1400_px(open_admin, table):
+    failing_rows(table)
+    page = sized(open_admin, f"/admin/outbox/{table}/")
+    results = page.eval_on_selector(
+        "#changelist .results",
+        "e => [e.scrollWidth, e.clientWidth, e.getBoundingClientRect().right]",
+    )
+    scroll, client, visible_right = results
+    for column in ("th.column-backoff", "th.column-short_error"):
+        assert right_edge(page, column) <= visible_right + 1, (column, results)
+    assert scroll <= client + 1, results
+    assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH
+
+
+def test_the_dead_letters_by_cause_page_is_no_wider_than_the_window(open_admin):
+    for shard in range(1, 4):
+        RegionOutboxFactory(
+            shard_identifier=shard,
+            attempts=3,
+            dead_at=timezone.now(),
+            last_error=f"tests.testapp.receivers.record: {ERROR}{shard}",
+            last_traceback=TRACEBACK,
+        )
+    page = sized(open_admin, "/admin/outbox/regionoutbox/dead-letters/causes/")
+    assert page.locator("tr.cause").count() >= 1
+    assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH
+
+
+def test_the_dashboard_is_no_wider_than_the_window(open_admin):
+    failing_rows("regionoutbox")
+    page = sized(open_admin, "/admin/outbox/shardlease/dashboard/?refresh=0")
+    assert page.locator("table.failing-shards tr.state-warning").count() == 5
+    assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH
