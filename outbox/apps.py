@@ -38,7 +38,7 @@ class OutboxConfig(AppConfig):
 
     def flush(self, using: str, bounds: FlushBounds) -> object:
         """Deliver the shards a committed transaction wrote (the synchronous flush)."""
-        from outbox.engine.drain import flush_shards
+        from outbox.engine.flush import flush_shards
 
         return flush_shards(using, bounds)
 
@@ -50,7 +50,7 @@ class OutboxConfig(AppConfig):
 
     def flush_in_test_transaction(self, using: str, bounds: FlushBounds) -> object:
         """Deliver inside `django.test.TestCase`'s transaction (eager delivery)."""
-        from outbox.engine.eager import deliver_eagerly
+        from outbox.engine.flush import deliver_eagerly
 
         return deliver_eagerly(using, bounds)
 

@@ -18,7 +18,7 @@ from django.db.models.functions import Now
 from django.urls import reverse
 
 from outbox.engine import drain_outboxes
-from outbox.engine.table import Drainer
+from outbox.engine.drain import Drainer
 from outbox.health import Thresholds, check, statuses
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from outbox.engine import drain_outboxes
-from outbox.engine.gc_pause import collector_paused
+from outbox.engine.drain import collector_paused
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
 

@@ -66,7 +66,7 @@ def test_single_message_shards_cost_five_statements_per_batch(shards, settings):
     statements = [sql for _, sql in captured]
     # The first batch claims 100 shards, finds them single-message, and the next ones
     # claim up to BATCH_ROWS (2000) shards each; on a loaded machine the drain's pace
-    # (outbox.engine.pace) may cut a batch shorter in time, so count the batches made.
+    # (outbox.engine.drain) may cut a batch shorter in time, so count the batches made.
     fewest = 1 + -(-(shards - 100) // 2000)
     kinds = {kind: statements.count(kind) for kind in ("INSERT", "DELETE", "UPDATE")}
     batches = kinds["INSERT"]  # one lease INSERT per batch

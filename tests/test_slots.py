@@ -12,8 +12,8 @@ from django.db import OperationalError, connection, connections
 from django.db.backends.signals import connection_created
 
 from outbox.engine import DrainWorker, drain_outboxes
+from outbox.engine.drain import Drainer
 from outbox.engine.slots import stuck_receivers
-from outbox.engine.table import Drainer
 from outbox.exceptions import StuckReceivers
 from outbox.management.commands.drain_outboxes import Command as DrainCommand
 from outbox.models import RegionOutbox, ShardLease

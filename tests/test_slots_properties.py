@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from outbox.engine.table import Drainer
+from outbox.engine.drain import Drainer
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory

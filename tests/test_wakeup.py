@@ -28,7 +28,7 @@ from outbox.backends.postgresql.notify import (
 )
 from outbox.backends.select import listeners
 from outbox.engine import DrainWorker
-from outbox.engine.wakeup import StopEvent, Waiter
+from outbox.engine.worker import StopEvent, Waiter
 from outbox.models import ControlOutbox, OutboxBase, RegionOutbox
 from tests.conftest import committing
 from tests.testapp.categories import Category, Scope

@@ -1,4 +1,4 @@
-"""What a backend's wake-up listener offers an idle drain loop (`engine/wakeup.py`).
+"""What a backend's wake-up listener offers an idle drain loop (`engine/worker.py` `Waiter`).
 
 A database that can tell a waiting process that rows were committed (PostgreSQL's
 LISTEN/NOTIFY) hands the engine a listener per database (`OutboxBackend.listener`): a

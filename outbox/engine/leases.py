@@ -39,7 +39,7 @@ class Holding:
     renewed_at: float = field(default_factory=time.monotonic)
     receiver_started: float | None = None
     lost: set[ShardKey] = field(default_factory=set)
-    # A straggler's task (`outbox.engine.shard_tasks`), whose calls the deadline watches
+    # A straggler's task (`outbox.engine.delivery`), whose calls the deadline watches
     # instead of `receiver_started`.
     call: Any = None
 

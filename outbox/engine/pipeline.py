@@ -8,7 +8,7 @@ Both run on a `JobThread`: one daemon thread with database connections of its ow
 closed when it ends; a job in flight never holds up the process's exit (its
 transaction rolls back, and its batch is redelivered).
 
-Claims ahead: two wait at a time (`CLAIMS_AHEAD` in `outbox.engine.table`), so the
+Claims ahead: two wait at a time (`CLAIMS_AHEAD` in `outbox.engine.drain`), so the
 claiming thread never waits for the drain between them. A batch claimed ahead is leased
 and handed to the lease keeper as soon as it is won, so it is renewed even if the
 batches before it take long. A drain that stops, fails or finds the backlog done before

@@ -9,7 +9,7 @@ every `migrate` (`PostgresBackend.after_migrate`), so custom outbox tables get t
 
 `Listener` is the other end: a psycopg connection apart from Django's (autocommit, never
 in a transaction) that LISTENs on the channels of the tables a drain loop serves. The
-engine waits on its socket (`engine/wakeup.py`); a notification is only a hint to drain
+engine waits on its socket (`engine/worker.py` `Waiter`); a notification is only a hint to drain
 now, so one that is lost or a connection that drops only delays delivery to the next poll.
 """
 

@@ -1,4 +1,10 @@
-"""Eager delivery: the synchronous flush, run inside a test's open transaction.
+"""The synchronous flush after commit: the written shards delivered up to their bounds
+through the table's drainer (`flush_shards`, the write path's flush hook), or, inside a
+test's open transaction, eagerly without leases (`deliver_eagerly`).
+
+Inside a test's transaction
+---------------------------
+Eager delivery: the synchronous flush, run inside a test's open transaction.
 
 A `django.test.TestCase` never commits; under `captureOnCommitCallbacks(execute=True)`
 the on_commit callbacks run with its transaction still open, where the engine refuses
@@ -28,15 +34,34 @@ from typing import Any
 from django.db.models import Case, DateTimeField, F, When
 from django.db.models.functions import Coalesce, Now
 
+import outbox.engine.delivery as delivery
 import outbox.engine.events as events
-import outbox.engine.receivers as receivers
 from outbox.backends.base import FailedGroup, Group
 from outbox.backends.portable import PortableBackend, db_now_plus
 from outbox.conf import outbox_settings
-from outbox.engine.failures import judge
-from outbox.engine.rounds import cut_at_bounds
+from outbox.engine.delivery import judge
+from outbox.engine.drain import Drainer
+from outbox.engine.rounds import DrainStats, cut_at_bounds
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
+
+# --- After a commit -----------------------------------------------------------------
+
+
+def flush_shards(
+    using: str, bounds: Mapping[type[OutboxBase], Mapping[ShardKey, int | None]]
+) -> DrainStats:
+    """Deliver the written shards up to their bounds (the highest row id the transaction
+    wrote per shard; None: no bound). A shard another worker holds is left to it."""
+    stats = DrainStats()
+    for model, shard_bounds in bounds.items():
+        result = Drainer(model, using).flush(shard_bounds)
+        stats.add(result)
+        stats.seconds += result.seconds
+    return stats
+
+
+# --- Inside a test's transaction ----------------------------------------------------
 
 
 def deliver_eagerly(
@@ -88,7 +113,7 @@ class _EagerTable:
             return False
         started = time.monotonic()
         try:
-            retired = receivers.send(self.model, group, lambda: self._retire(group), self.using)
+            retired = delivery.send(self.model, group, lambda: self._retire(group), self.using)
         except Exception as exc:
             return self._failed(group, exc)
         if not retired:
@@ -106,7 +131,7 @@ class _EagerTable:
         failed, dead = judge(self.model, group, exc, self.using)
         self._record_attempt(failed, dead)
         if self.raise_errors:
-            errors = exc.errors if isinstance(exc, receivers.DeliveryFailed) else []
+            errors = exc.errors if isinstance(exc, delivery.DeliveryFailed) else []
             # One failing receiver: its own error, as the test wrote it.
             raise errors[0][1] if len(errors) == 1 else exc
         return dead
