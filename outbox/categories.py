@@ -27,12 +27,21 @@ import os
 import secrets
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 from outbox.exceptions import InvalidOutboxMessage, OutboxConfigurationError
 
-if TYPE_CHECKING:
-    from outbox.retry import RetryPolicy
+
+class RetryPolicyLike(Protocol):
+    """What `OutboxCategory.retry_policy` returns: an `outbox.retry.RetryPolicy`,
+    named here by the two decisions the engine asks of it, because `outbox.retry` reads
+    this module's registry (a category's own `max_attempts`) and this module must not
+    import it back. Which object it is, is checked when the checks run and at the
+    first failure (`outbox.retry.declared_policy`)."""
+
+    def is_final(self, failure: Any) -> bool: ...
+
+    def row_delays(self, failure: Any) -> list[float]: ...
 
 
 def _label(member: enum.Enum) -> str:
@@ -112,7 +121,7 @@ class OutboxCategory(enum.IntEnum, metaclass=_CategoryMeta):
         """
         return None
 
-    def retry_policy(self) -> RetryPolicy | type[RetryPolicy] | None:
+    def retry_policy(self) -> RetryPolicyLike | type[RetryPolicyLike] | None:
         """The retry policy of this category's failures, an `outbox.retry.RetryPolicy`
         subclass or instance; None (the default) follows OUTBOX_RETRY_POLICY::
 
