@@ -12,7 +12,7 @@
   rows that locks them until the commit; failures, back-offs and releases take one
   statement each.
 The walk is a plain read: it takes no locks under any isolation level. The statements
-are named in `statements`, their SQL written in `claim_sql`, `read_sql` and `settle_sql`.
+are named and written in `statements`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from outbox.backends.base import (
 from outbox.backends.coalesce import coalesce
 from outbox.backends.convert import MessageReader
 from outbox.backends.mariadb.errors import is_lock_error
-from outbox.backends.mariadb.fragments import REGION_COLLATIONS, Regions
 from outbox.backends.mariadb.params import (
     attempt_documents,
     back_off_document,
@@ -45,7 +44,7 @@ from outbox.backends.mariadb.params import (
     micros,
     ours,
 )
-from outbox.backends.mariadb.statements import Statements, statements
+from outbox.backends.mariadb.statements import REGION_COLLATIONS, Regions, Statements, statements
 from outbox.models import OutboxBase, ShardLease
 from outbox.shards import ShardKey
 

@@ -2,9 +2,9 @@
 
 - `backend`: `PostgresBackend`, each engine step in one statement, and the deferred
   writer's COMMIT sent with its last INSERT;
-- `statements`: every statement, named and rendered once per outbox table, built from
-  `fragments` (names and joins), `find_sql` (finding the shards a claim takes) and
-  `settle_sql` (the end of a round); `params` makes their parameters;
+- `statements`: every statement, named and rendered once per outbox table, with the
+  fragments they share (names and joins), finding the shards a claim takes, and the
+  settle at the end of a round; `params` makes their parameters;
 - `prepared`: the cursors that let psycopg prepare statements, where the database allows;
 - `insert`: the cursor the deferred writer's last INSERT runs on;
 - `notify`: the NOTIFY trigger on every outbox table and the LISTEN connection that wakes

@@ -1,6 +1,16 @@
-"""Every SQL statement of the PostgreSQL fast path, named, rendered once per outbox table.
+"""Every SQL statement of the PostgreSQL fast path, named (`Statements`), rendered once
+per outbox table (`statements`), with the fragments they share.
+
 Shard keys travel as parallel arrays (`unnest(%s::text[], %s::int[], %s::bigint[])`), so
-each statement has one text and one plan however many shards or rows it touches."""
+each statement has one text and one plan however many shards or rows it touches.
+`_Renderer` builds them in four parts: the fragments (table names, shard-key columns,
+the joins between outbox rows, lease rows and unnested key arrays); finding the shards a
+claim takes (due: their oldest live row is; free: no live lease; passing the drain's
+filters), by a skip scan of the shard index (`walk`), a plain scan of it (`scan`, for
+shards of about one row each) or among given keys (`given_keys`); the settle, one round
+trip at the end of a round that deletes the delivered rows, records the failed ones,
+backs failed shards off and releases the finished ones under the lock of our lease
+rows; and the claim and read statements themselves."""
 
 from __future__ import annotations
 
@@ -8,9 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-from outbox.backends.postgresql.find_sql import FindSql
-from outbox.backends.postgresql.settle_sql import SettleSql
-from outbox.models import OutboxBase
+from outbox.models import OutboxBase, ShardLease
+
+# The columns of a shard key as the lease table stores them.
+LEASE_KEY = ("region_name", "shard_scope", "shard_identifier")
+
+
+KEY_TYPES = ("text", "integer", "bigint")
+
+
+def quote(name: str) -> str:
+    return f'"{name}"'
 
 
 @dataclass(frozen=True)
@@ -41,8 +59,283 @@ def statements(model: type[OutboxBase]) -> Statements:
     return _Renderer(model).render()
 
 
-class _Renderer(FindSql, SettleSql):
+class _Renderer:
     """Renders every statement for one outbox table."""
+
+    # --- Fragments shared by the statements
+
+    def __init__(self, model: type[OutboxBase]) -> None:
+        self.table = quote(model._meta.db_table)
+        self.lease = quote(ShardLease._meta.db_table)
+        self.label = model._meta.label_lower
+        # Shard columns are named after their fields (the statements below rely on it).
+        self.cols = [quote(name) for name in model.shard_fields]
+        self.has_region = "region_name" in model.shard_fields
+        self.message_columns = model.message_columns
+
+    def key_of(self, alias: str) -> str:
+        """The lease-shaped key (region_name, shard_scope, shard_identifier) of a row alias."""
+        region = f'{alias}."region_name"' if self.has_region else "''::text"
+        return f'{region} AS region_name, {alias}."shard_scope", {alias}."shard_identifier"'
+
+    def same_shard(self, row: str, key: str) -> str:
+        """`row` (an outbox row) belongs to the shard named by `key` (lease-shaped)."""
+        parts = [f'{row}."shard_scope" = {key}."shard_scope"']
+        parts.append(f'{row}."shard_identifier" = {key}."shard_identifier"')
+        if self.has_region:
+            parts.insert(0, f'{row}."region_name" = {key}."region_name"')
+        return " AND ".join(parts)
+
+    def same_lease(self, lease: str, key: str) -> str:
+        return " AND ".join(f'{lease}."{column}" = {key}."{column}"' for column in LEASE_KEY)
+
+    def row_cols(self, alias: str) -> str:
+        return ", ".join(f"{alias}.{column}" for column in self.cols)
+
+    def unnest_keys(self, alias: str) -> str:
+        """unnest of the three key arrays, given as %s parameters."""
+        arrays = ", ".join(f"%s::{kind}[]" for kind in KEY_TYPES)
+        return f"unnest({arrays}) AS {alias}({', '.join(LEASE_KEY)})"
+
+    # --- Finding the shards a claim takes
+
+    def first_live_due(self, alias: str) -> str:
+        """The first live row of shard `alias` is due (NULL: the shard has none). Dead
+        rows are skipped: they never block."""
+        return f"""(SELECT o."scheduled_for" <= now() FROM {self.table} o
+                    WHERE {self.same_shard("o", alias)} AND o."dead_at" IS NULL
+                    ORDER BY o."id" LIMIT 1)"""
+
+    def due_filter(self, alias: str, head: str | None = None) -> str:
+        """A walked or given shard's head (its oldest pending row) is due, it has no live
+        lease (`lease_free`), and it passes the filters. `head`: an alias already holding
+        the shard's first row, if any."""
+        first_live = self.first_live_due(alias)
+        if head is not None:  # a live first row answers without another probe
+            first_live = f"""CASE WHEN {head}."dead_at" IS NULL
+                THEN {head}."scheduled_for" <= now() ELSE {first_live} END"""
+        return f"""
+            {first_live}
+            AND (%(scopes)s::integer[] IS NULL OR {alias}."shard_scope" = ANY(%(scopes)s))
+            AND (%(identifiers)s::bigint[] IS NULL
+                 OR {alias}."shard_identifier" = ANY(%(identifiers)s))"""
+
+    def lease_of(self, alias: str) -> str:
+        """The shard's lease row, if any: one probe of the unique index. LIMIT keeps it a
+        correlated probe: turned into a join, the planner (expecting a single shard) may
+        rescan the lease table per shard."""
+        return f"""LEFT JOIN LATERAL (
+                SELECT l."id", l."expires_at" FROM {self.lease} l
+                WHERE l."outbox" = %(label)s AND {self.same_lease("l", alias)} LIMIT 1
+            ) lease ON TRUE"""
+
+    @staticmethod
+    def lease_free() -> str:
+        return '(lease."id" IS NULL OR lease."expires_at" <= now())'
+
+    def bounds(self, bound: str) -> str:
+        """Where a walk or scan of the shard index starts (`after` a key) or ends
+        (`until` a key, inclusive); '' for the whole index."""
+        cols = ", ".join(self.cols)
+        return {
+            "": "",
+            "after": f"AND ({cols}) > ({self.key_params('after')})",
+            "until": f"AND ({cols}) <= ({self.key_params('until')})",
+        }[bound]
+
+    def walk(self, bound: str) -> str:
+        """Recursive skip scan over the shard index: one index probe per shard, not per row.
+
+        PostgreSQL evaluates a recursive CTE only as far as its reader pulls, so the LIMIT
+        of the reader ends the walk after enough due shards. `around` walks the shards
+        after a key, then wraps around to those up to it, in one statement: the second
+        walk runs only when the first finds too few.
+        """
+        if bound == "around":
+            return f"""{self.steps("walk_after", "after")}, {self.steps("walk_until", "until")},
+            walk AS (SELECT * FROM walk_after UNION ALL SELECT * FROM walk_until),
+            {self.due_walked()}"""
+        return f"{self.steps('walk', bound)}, {self.due_walked()}"
+
+    def steps(self, name: str, bound: str) -> str:
+        """The skip scan itself, as CTE `name`: the first row of each shard in key order."""
+        cols, bounds = ", ".join(self.cols), self.bounds(bound)
+        head = 'o."scheduled_for", o."dead_at"'
+        return f"""
+            {name} AS (
+                (SELECT {cols}, "scheduled_for", "dead_at" FROM {self.table} o
+                 WHERE TRUE {bounds} ORDER BY {cols}, "id" LIMIT 1)
+                UNION ALL
+                SELECT step.* FROM {name} w CROSS JOIN LATERAL (
+                    SELECT {self.row_cols("o")}, {head} FROM {self.table} o
+                    WHERE ({self.row_cols("o")}) > ({self.row_cols("w")}) {bounds}
+                    ORDER BY {self.row_cols("o")}, o."id" LIMIT 1
+                ) step
+            )"""
+
+    def scan(self, bound: str) -> str:
+        """`walk` and `due` for shards of about one row each: a plain scan of the shard index's
+        first %(scan)s entries, keeping each shard's first row (its head), where `walk`
+        probes the index again per shard; and no lease lookup before the insert, whose
+        conflict finds a lease held, live or expired (the claim goes on with `walk`,
+        which takes over expired leases, when this wins too few). Its LIMIT bounds it
+        whatever the shards hold."""
+        cols = ", ".join(self.cols)
+        return f"""
+            walk AS (
+                SELECT DISTINCT ON ({cols}) {cols}, "scheduled_for", "dead_at" FROM (
+                    SELECT {self.row_cols("o")}, o."id", o."scheduled_for", o."dead_at"
+                    FROM {self.table} o WHERE TRUE {self.bounds(bound)}
+                    ORDER BY {self.row_cols("o")}, o."id" LIMIT %(scan)s
+                ) o ORDER BY {cols}, "id"
+            ),
+            due AS (
+                SELECT {self.key_of("w")} FROM walk w
+                WHERE {self.due_filter("w", head="w")}
+                LIMIT %(limit)s
+            )"""
+
+    def due_walked(self) -> str:
+        """The walked shards that are due and free, up to %(limit)s."""
+        return f"""
+            due AS (
+                SELECT k.*, lease."id" AS lease_id FROM (
+                    SELECT {self.key_of("w")}, w."scheduled_for", w."dead_at" FROM walk w
+                ) k {self.lease_of("k")}
+                WHERE {self.due_filter("k", head="k")} AND {self.lease_free()}
+                LIMIT %(limit)s
+            )"""
+
+    def key_params(self, prefix: str) -> str:
+        names = ["region", "scope", "identifier"] if self.has_region else ["scope", "identifier"]
+        return ", ".join(f"%({prefix}_{name})s" for name in names)
+
+    def given_keys(self) -> str:
+        """The given keys (three arrays) that are due and free."""
+        return f"""
+            due AS (
+                SELECT k.*, lease."id" AS lease_id
+                FROM unnest(%(regions)s::text[], %(scopes_in)s::integer[],
+                            %(identifiers_in)s::bigint[]) AS k(region_name, shard_scope,
+                                                               shard_identifier)
+                    {self.lease_of("k")}
+                WHERE {self.due_filter("k")} AND {self.lease_free()}
+            )"""
+
+    # --- The settle
+
+    def settle(self) -> str:
+        """One round trip at the end of a round.
+
+        `held` locks our lease rows, so no one can take them over until this commits, and
+        reports which shards are still ours. Delivered rows are deleted, and finished
+        shards released, only when every shard delivered to is held, which spares a lease
+        lookup per row; when a lease was lost the engine settles the held shards again on
+        their own. Failed rows (few) are checked one by one.
+        """
+        return f"""
+            WITH {self.settle_held()}, {self.settle_rows()}, {self.settle_leases()}
+            SELECT (SELECT count(*) FROM gone), h."region_name", h."shard_scope",
+                h."shard_identifier"
+            FROM (SELECT 1) one LEFT JOIN held h ON TRUE"""
+
+    def settle_held(self) -> str:
+        """Our lease rows, locked, and whether every shard delivered to is among them."""
+        return f"""
+            held AS (
+                SELECT "id", "region_name", "shard_scope", "shard_identifier" FROM {self.lease}
+                WHERE "token" = %(token)s AND "outbox" = %(label)s
+                FOR UPDATE
+            ),
+            all_held AS (
+                SELECT count(*) = %(delivered_shards)s AS yes FROM held h
+                JOIN unnest(%(d_regions)s::text[], %(d_scopes)s::integer[],
+                            %(d_identifiers)s::bigint[])
+                    AS d(region_name, shard_scope, shard_identifier)
+                ON {self.same_lease("h", "d")}
+            )"""
+
+    def settle_rows(self) -> str:
+        """Delete the delivered rows; record a failed attempt on the failed and the dead
+        ones (with their retry time, or `dead_at`), and on a group's newest row the
+        receivers already done (NULL: keep)."""
+        return f"""
+            gone AS (
+                DELETE FROM {self.table} o
+                WHERE o."id" = ANY(%(delivered)s::bigint[]) AND (SELECT yes FROM all_held)
+                RETURNING 1
+            ),
+            retried AS (
+                UPDATE {self.table} o
+                SET "attempts" = o."attempts" + 1, "scheduled_from" = now(),
+                    "scheduled_for" = now() + f.delay * interval '1 second',
+                    "dead_at" = CASE WHEN f.dead THEN now() END,
+                    "first_attempt_at" = COALESCE(o."first_attempt_at", now()),
+                    "last_attempt_at" = now(), "last_error" = f.error, "last_traceback" = f.tb,
+                    "delivered_to" = COALESCE(f.done, o."delivered_to")
+                FROM unnest(%(failed)s::bigint[], %(delays)s::float8[], %(errors)s::text[],
+                            %(tracebacks)s::text[], %(done)s::text[], %(dead)s::boolean[])
+                    AS f(id, delay, error, tb, done, dead)
+                WHERE o."id" = f.id
+                  AND EXISTS (SELECT 1 FROM held h WHERE {self.same_shard("o", "h")})
+                RETURNING 1
+            )"""
+
+    def settle_leases(self) -> str:
+        """Back failed shards off (no holder until then); release the finished ones."""
+        return f"""
+            backed_off AS (
+                UPDATE {self.lease} l
+                SET "token" = NULL, "expires_at" = now() + b.delay * interval '1 second'
+                FROM held h JOIN unnest(%(b_regions)s::text[], %(b_scopes)s::integer[],
+                                        %(b_identifiers)s::bigint[], %(b_delays)s::float8[])
+                    AS b(region_name, shard_scope, shard_identifier, delay)
+                    ON {self.same_lease("h", "b")}
+                WHERE l."id" = h."id" AND cardinality(%(b_delays)s::float8[]) > 0 -- none: skip
+                RETURNING 1
+            ),
+            released AS (
+                DELETE FROM {self.lease} l
+                USING held h JOIN unnest(%(r_regions)s::text[], %(r_scopes)s::integer[],
+                                         %(r_identifiers)s::bigint[])
+                    AS r(region_name, shard_scope, shard_identifier)
+                    ON {self.same_lease("h", "r")}
+                WHERE l."id" = h."id" AND (SELECT yes FROM all_held)
+                RETURNING 1
+            )"""
+
+    def settle_released(self) -> str:
+        """The common end of a round, in one cheaper statement: no failed or dead group,
+        and every shard delivered to is finished. Deleting our lease rows is the check that we
+        still hold them (the delete keeps them locked until it commits, so no one takes
+        those shards over meanwhile); only rows of the shards whose lease row went are
+        deleted. A shard whose lease was lost keeps its rows; it is missing from the
+        shards returned, so the backend reports it lost."""
+        return f"""
+            WITH released AS (
+                DELETE FROM {self.lease} l
+                USING unnest(%(r_regions)s::text[], %(r_scopes)s::integer[],
+                             %(r_identifiers)s::bigint[])
+                    AS r(region_name, shard_scope, shard_identifier)
+                WHERE l."outbox" = %(label)s AND l."token" = %(token)s
+                  AND {self.same_lease("l", "r")}
+                RETURNING l."region_name", l."shard_scope", l."shard_identifier"
+            ),
+            gone AS (
+                -- Found by id (never a walk of each shard's rows): every shard held, the
+                -- usual case, needs no other check; else a hashed lookup per row.
+                DELETE FROM {self.table} o
+                WHERE o."id" = ANY(%(delivered)s::bigint[])
+                  AND ((SELECT count(*) FROM released) = %(released_shards)s
+                       OR ({self.row_cols("o")}) IN (SELECT {self.row_cols("h")}
+                                                   FROM released h))
+                RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM gone), h."region_name", h."shard_scope",
+                h."shard_identifier"
+            FROM (SELECT 1) one LEFT JOIN released h ON TRUE"""
+
+    # --- Claims, reads and the rendering
 
     def claim_one(self) -> str:
         """One given key (three scalars), claimed by one upsert if it is due and its lease
