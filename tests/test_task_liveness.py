@@ -10,7 +10,7 @@ from celery import signals as celery_signals
 
 from outbox.engine import DrainWorker
 from outbox.integrations import celery  # noqa: F401  (connects its worker signals)
-from outbox.integrations.liveness import (
+from outbox.integrations.task_liveness import (
     TaskLiveness,
     overrun_drains,
     running_task_liveness,

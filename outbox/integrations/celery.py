@@ -32,7 +32,7 @@ that shuts down withdraws its gauges (`outbox.metrics.feed.process_ended`): it l
 without the interpreter's exit hooks.
 
 With OUTBOX_TASK_LIVENESS_FILE set, the worker keeps that file fresh for a liveness probe
-from when it is ready (`outbox.integrations.liveness`).
+from when it is ready (`outbox.integrations.task_liveness`).
 
 Engine imports are deferred: the project's Celery module imports this one before
 Django is set up.
@@ -190,7 +190,7 @@ def _on_pool_process_shutdown(**kwargs: Any) -> None:
 
 def _on_worker_ready(**kwargs: Any) -> None:
     """In the worker's main process, once it is ready: OUTBOX_TASK_LIVENESS_FILE."""
-    from outbox.integrations.liveness import start_task_liveness
+    from outbox.integrations.task_liveness import start_task_liveness
 
     start_task_liveness()
 

@@ -20,7 +20,7 @@ releases its leases, then lets the worker's own handler run. With OUTBOX_METRICS
 the first outbox task a worker process runs starts its gauge timer
 (`outbox.metrics.refresh`), which reads the backlog and health gauges every
 OUTBOX_METRICS_REFRESH_SECONDS from then on, and its liveness file
-(OUTBOX_TASK_LIVENESS_FILE, `outbox.integrations.liveness`). Importing this module
+(OUTBOX_TASK_LIVENESS_FILE, `outbox.integrations.task_liveness`). Importing this module
 needs Django 6 (`django.tasks`); nothing else in the app imports it.
 """
 
@@ -41,7 +41,7 @@ from outbox.integrations.dispatch import (
     prompt_orders,
     task_result,
 )
-from outbox.integrations.liveness import start_task_liveness
+from outbox.integrations.task_liveness import start_task_liveness
 from outbox.metrics.refresh import start_refresh
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
