@@ -27,9 +27,10 @@ import os
 import secrets
 import time
 from collections.abc import Iterable
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from outbox.exceptions import InvalidOutboxMessage, OutboxConfigurationError
+from outbox.shards import ShardKey
 
 
 class RetryPolicyLike(Protocol):
@@ -42,6 +43,19 @@ class RetryPolicyLike(Protocol):
     def is_final(self, failure: Any) -> bool: ...
 
     def row_delays(self, failure: Any) -> list[float]: ...
+
+
+# How a stored scope or category value is shown: "plain", its name (the number when no
+# enum declares it: metrics labels, status, summaries); "noted", its name or `7 (not
+# declared)` (log lines, admin lists); "labelled", `ORGANIZATION (0)` or `7 (not
+# declared)` (one row's admin page).
+NameForm = Literal["plain", "noted", "labelled"]
+
+
+def _named(member: enum.Enum | None, value: int, form: NameForm) -> str:
+    if member is None:
+        return str(value) if form == "plain" else f"{value} (not declared)"
+    return f"{member.name} ({value})" if form == "labelled" else member.name
 
 
 def _label(member: enum.Enum) -> str:
@@ -236,15 +250,25 @@ class Registry:
                 f"Unknown category {value!r}: no OutboxScope lists a category with this value."
             ) from None
 
-    def scope_name(self, value: int) -> str:
-        """A scope value's declared name, or the number itself when none declares it."""
-        scope = self.scopes.get(value)
-        return scope.name if scope is not None else str(value)
+    def scope_name(self, value: int, form: NameForm = "plain") -> str:
+        """A stored scope value as `form` shows it (see `NameForm`). Never raises: log
+        lines and admin pages show values no enum declares (any more) too."""
+        return _named(self.scopes.get(value) if isinstance(value, int) else None, value, form)
 
-    def category_name(self, value: int) -> str:
-        """A category value's declared name, or the number itself when none declares it."""
-        category = self.categories.get(value)
-        return category.name if category is not None else str(value)
+    def category_name(self, value: int, form: NameForm = "plain") -> str:
+        """A stored category value as `form` shows it (see `NameForm`), declared by an
+        enum whether or not a scope lists it. Never raises."""
+        member = None
+        if isinstance(value, int):
+            member = self.categories.get(value)
+            member = self.declared.get(value) if member is None else member
+        return _named(member, value, form)
+
+    def shard_name(self, key: ShardKey, form: NameForm = "plain") -> str:
+        """`eu/ORGANIZATION/3`: the region (if any), the scope as `form` shows it, the
+        identifier. `str(key)` is the same shard in numbers only."""
+        region = f"{key.region_name}/" if key.region_name else ""
+        return f"{region}{self.scope_name(key.shard_scope, form)}/{key.shard_identifier}"
 
     def scope_of(self, category: OutboxCategory) -> OutboxScope:
         return self._scope_of[category]

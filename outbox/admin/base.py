@@ -15,13 +15,6 @@ from django.http import HttpRequest
 from outbox.admin.bulk import MAX_KEYS, Outcome
 
 
-def labelled(lookup: dict[int, Any], value: int) -> str:
-    """A stored scope or category on one row's page: its name and value, `ORGANIZATION
-    (0)`; a value no enum declares (any more) as its number with a note."""
-    member = lookup.get(value) if isinstance(value, int) else None
-    return f"{member.name} ({value})" if member is not None else f"{value} (not declared)"
-
-
 def has_model_permission(request: HttpRequest, action: str, model: type[Model]) -> bool:
     """Whether the user has Django's `action` permission ("view", "change", "delete") on
     `model`: each outbox table's rows are shown and acted on under that table's own

@@ -43,12 +43,6 @@ def integer_value(value: str) -> int:
     return int(value)
 
 
-def name_of(lookup: dict[int, Any], value: int) -> str:
-    """The declared name of a stored scope or category; the integer if undeclared."""
-    member = lookup.get(value)
-    return member.name if member is not None else str(value)
-
-
 class _IntegerChoiceFilter(admin.SimpleListFilter):
     """Filter an integer column by the names of the registry's members."""
 

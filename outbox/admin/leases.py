@@ -17,7 +17,7 @@ from django.urls import URLPattern, path, reverse
 import outbox.admin.bulk as bulk
 from outbox.admin.base import OperatorAdmin, has_model_permission, may_view
 from outbox.admin.dashboard import dashboard_tables
-from outbox.admin.filters import LEASE_STATES, LeaseStateFilter, ScopeFilter, name_of
+from outbox.admin.filters import LEASE_STATES, LeaseStateFilter, ScopeFilter
 from outbox.categories import registry
 from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet, outbox_models
 from outbox.models.audit import WITH_SHARD, Audit
@@ -67,7 +67,7 @@ class ShardLeaseAdmin(OperatorAdmin):
 
     @admin.display(description="scope", ordering="shard_scope")
     def scope(self, obj: ShardLease) -> str:
-        return name_of(registry.scopes, obj.shard_scope)
+        return registry.scope_name(obj.shard_scope, "noted")
 
     @admin.display(description="state")
     def state(self, obj: ShardLease) -> str:

@@ -13,9 +13,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 import outbox.admin.bulk as bulk
-from outbox.admin.base import labelled
 from outbox.admin.causes import DeadLetterCausesAdmin
-from outbox.admin.filters import CategoryFilter, DeliveryStateFilter, ScopeFilter, name_of
+from outbox.admin.filters import CategoryFilter, DeliveryStateFilter, ScopeFilter
 from outbox.categories import registry
 from outbox.models import ControlOutbox, OutboxBase, RegionOutbox
 from outbox.models.audit import WITH_GROUP, WITH_SHARD, Audit
@@ -66,19 +65,19 @@ class OutboxAdmin(DeadLetterCausesAdmin):
 
     @admin.display(description="scope", ordering="shard_scope")
     def scope(self, obj: OutboxBase) -> str:
-        return name_of(registry.scopes, obj.shard_scope)
+        return registry.scope_name(obj.shard_scope, "noted")
 
     @admin.display(description="category", ordering="category")
     def category_name(self, obj: OutboxBase) -> str:
-        return name_of(registry.categories, obj.category)
+        return registry.category_name(obj.category, "noted")
 
     @admin.display(description="shard scope")
     def scope_shown(self, obj: OutboxBase) -> str:
-        return labelled(registry.scopes, obj.shard_scope)
+        return registry.scope_name(obj.shard_scope, "labelled")
 
     @admin.display(description="category")
     def category_shown(self, obj: OutboxBase) -> str:
-        return labelled({**registry.declared, **registry.categories}, obj.category)
+        return registry.category_name(obj.category, "labelled")
 
     @admin.display(description="state")
     def delivery_state(self, obj: OutboxBase) -> str:

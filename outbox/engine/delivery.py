@@ -86,7 +86,6 @@ from outbox import tracing
 from outbox.backends.base import FailedGroup, Group, Lease, OutboxBackend, Settlement
 from outbox.categories import OutboxCategory, registry
 from outbox.conf import outbox_settings
-from outbox.engine.events import category_named, shard_named
 from outbox.engine.leases import Holding, retrying
 from outbox.engine.rounds import Round
 from outbox.exceptions import NoReceiver, OutboxError, RetryLater
@@ -575,8 +574,8 @@ def _log(
     shard = failure["shard"]
     args = (
         failure["message_id"],
-        shard_named(shard),
-        category_named(failure["category"]),
+        registry.shard_name(shard, "noted"),
+        registry.category_name(failure["category"], "noted"),
         failure["object_identifier"],
         failure["attempts"],
         ", dead-lettered" if dead else ", will retry",

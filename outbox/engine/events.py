@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from datetime import timezone as dt_timezone
-from typing import Any
 
 from django.utils import timezone
 
@@ -17,28 +16,6 @@ from outbox.shards import ShardKey
 from outbox.signals import lease_lost, message_processed, receivers_stuck, shards_claimed
 
 logger = logging.getLogger("outbox.engine")
-
-
-def _named(lookups: tuple[dict[int, Any], ...], value: int) -> str:
-    """A declared member's name for a log line; a value no enum declares (any more) as
-    its number with a note. Never raises: a log line must not fail a drain."""
-    for lookup in lookups:
-        member = lookup.get(value) if isinstance(value, int) else None
-        if member is not None:
-            return str(member.name)
-    return f"{value} (not declared)"
-
-
-def shard_named(key: ShardKey) -> str:
-    """The shard as a log line shows it: `ORGANIZATION/1` (`us/USER/1` for a control
-    outbox); `str(key)`, all numbers, stays in the record's `shard` field."""
-    prefix = f"{key.region_name}/" if key.region_name else ""
-    return f"{prefix}{_named((registry.scopes,), key.shard_scope)}/{key.shard_identifier}"
-
-
-def category_named(value: int) -> str:
-    """The category as a log line shows it (declared by an enum, listed or not)."""
-    return _named((registry.categories, registry.declared), value)
 
 
 def lag_seconds(group: Group) -> float | None:
@@ -93,7 +70,7 @@ def leases_lost(model: type[OutboxBase], shards: set[ShardKey], using: str) -> N
     for key in sorted(shards):
         logger.warning(
             "outbox lease lost on shard %s before its delete; it will be redelivered",
-            shard_named(key),
+            registry.shard_name(key, "noted"),
             extra={
                 "event": "outbox.lease_lost",
                 "outbox": model._meta.label,

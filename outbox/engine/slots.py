@@ -80,7 +80,6 @@ from outbox.engine.delivery import (
     ShardTask,
     judge,
 )
-from outbox.engine.events import shard_named
 from outbox.engine.leases import Holding, LeaseKeeper, retrying
 from outbox.engine.rounds import DrainStats, Round
 from outbox.exceptions import InvalidOutboxMessage, StuckReceivers
@@ -594,7 +593,7 @@ class Stragglers:
                 "outbox receiver call to %s for shard %s ran past %ss; given up, its thread "
                 "is stuck",
                 _named(names),
-                shard_named(task.shard),
+                registry.shard_name(task.shard, "noted"),
                 timeout,
                 extra={
                     "event": "outbox.receiver_timeout",

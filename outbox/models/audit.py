@@ -67,13 +67,6 @@ def audited_chunks(rows: QuerySet[Any]) -> Iterator[list[OutboxBase]]:
         chunk = list(ordered.filter(pk__gt=chunk[-1].pk)[:CHUNK_ROWS])
 
 
-def shard_name(row: OutboxBase) -> str:
-    """`eu/ORGANIZATION/3`: the region (if any), the scope by name, the identifier."""
-    key = row.shard_key
-    region = f"{key.region_name}/" if key.region_name else ""
-    return f"{region}{registry.scope_name(key.shard_scope)}/{key.shard_identifier}"
-
-
 @dataclass(frozen=True)
 class Audit:
     """Who acts, and how the action reached the rows it changes (`TICKED`, `WITH_GROUP`,
@@ -93,10 +86,8 @@ class Audit:
         else:
             did = "Retried now"
         how = f" {self.reach}" if self.reach else ""
-        category = registry.category_name(row.category)
-        return (
-            f"{did}{how}: message {row.message_id}, shard {shard_name(row)}, category {category}."
-        )
+        shard, category = registry.shard_name(row.shard_key), registry.category_name(row.category)
+        return f"{did}{how}: message {row.message_id}, shard {shard}, category {category}."
 
     def record(self, rows: Sequence[OutboxBase], *, discarded: bool) -> None:
         """Write one entry per row (read before the change: a dead letter's entry says it
