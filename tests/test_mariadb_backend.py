@@ -20,6 +20,7 @@ from django.utils import timezone
 import outbox.backends.mariadb.backend as mariadb
 import outbox.backends.mariadb.params as mariadb_params
 from outbox.backends.base import FailedGroup, Lease, Settlement, ShardFilter
+from outbox.backends.convert import decode_json
 from outbox.backends.mariadb.backend import MariaDBBackend
 from outbox.backends.select import get_backend
 from outbox.engine import drain_outboxes
@@ -387,4 +388,4 @@ def test_payload_text_written_by_hand_with_whitespace_is_read_as_django_reads_it
         [{"v": 1}, {"v": 2}, [3, 3], None], key=repr
     )
     with pytest.raises(json.JSONDecodeError):
-        mariadb_params._loads_json('[1] "trailing text"')
+        decode_json('[1] "trailing text"')

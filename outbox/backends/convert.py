@@ -14,21 +14,37 @@ from outbox.backends.base import Group, Message
 from outbox.internals import Convert, as_is, column_converter
 from outbox.models import OutboxBase
 
-__all__ = ["Convert", "MessageReader", "field_converter"]
+__all__ = ["Convert", "MessageReader", "decode_json", "field_converter"]
 
 
-def field_converter(
-    model: type[OutboxBase], name: str, connection: BaseDatabaseWrapper, stock_json: Convert
-) -> Convert:
+_raw_decode = json.JSONDecoder().raw_decode
+
+
+def decode_json(value: Any) -> Any:
+    """The one JSON decoder of the fast paths, for a stock JSONField's column: what
+    `json.loads` gives, without its two whitespace scans where the text has none around
+    it (as PostgreSQL prints jsonb and Django writes JSON); other text and bytes go
+    through `json.loads` itself (which raises as it would), anything else (a driver's
+    own decoded value, None) is taken as it is."""
+    if type(value) is str:
+        try:
+            decoded, end = _raw_decode(value)
+        except ValueError:
+            return json.loads(value)  # leading whitespace, or an error to raise as it would
+        return decoded if end == len(value) else json.loads(value)
+    return json.loads(value) if isinstance(value, bytes) else value
+
+
+def field_converter(model: type[OutboxBase], name: str, connection: BaseDatabaseWrapper) -> Convert:
     """How Django turns column `name` of `model` into a value, as one function.
 
-    A stock JSONField without a decoder takes `stock_json`, the backend's fast decoder;
-    any other field (a custom decoder, a JSONField subclass, a datetime needing its time
-    zone) goes through its own converters, as a queryset would.
+    A stock JSONField without a decoder takes `decode_json`; any other field (a custom
+    decoder, a JSONField subclass, a datetime needing its time zone) goes through its own
+    converters, as a queryset would.
     """
     field = model._meta.get_field(name)
     if type(field) is JSONField and field.decoder is None:
-        return stock_json
+        return decode_json
     return column_converter(model, name, connection)
 
 
@@ -36,19 +52,17 @@ class MessageReader:
     """Builds each group's Message from the columns a fast path read of its newest row,
     in this order: payload, date_added, scheduled_for, delivered_to, message_id,
     headers; each value turned into what a queryset would give (JSON through
-    `stock_json` where the field is a stock JSONField)."""
+    `decode_json` where the field is a stock JSONField)."""
 
-    def __init__(
-        self, model: type[OutboxBase], connection: BaseDatabaseWrapper, stock_json: Convert
-    ) -> None:
+    def __init__(self, model: type[OutboxBase], connection: BaseDatabaseWrapper) -> None:
         def convert(name: str) -> Convert | None:
             # None: the column is taken as read (`as_is`), with no call per row.
-            function = field_converter(model, name, connection, stock_json)
+            function = field_converter(model, name, connection)
             return None if function is as_is else function
 
         self._payload = convert("payload") or as_is
         # A stock JSONField's texts are decoded together, once per window (`_decode_all`).
-        self._payload_stock = self._payload is stock_json
+        self._payload_stock = self._payload is decode_json
         self._time = convert("date_added")  # and scheduled_for, alike
         self._message_id = convert("message_id")
         self._headers = convert("headers")
@@ -60,7 +74,7 @@ class MessageReader:
         time_of, id_of, headers_of = self._time, self._message_id, self._headers
         payloads = [row[at] for row in newest.values()]
         if self._payload_stock:
-            payloads = _decode_all(payloads, self._payload)
+            payloads = _decode_all(payloads)
         elif self._payload is not as_is:
             payloads = list(map(self._payload, payloads))
         for (group, row), payload in zip(newest.items(), payloads, strict=True):
@@ -77,11 +91,8 @@ class MessageReader:
             )
 
 
-_raw_decode = json.JSONDecoder().raw_decode
-
-
-def _decode_all(values: list[Any], one: Convert) -> list[Any]:
-    """Each value as `one` (a stock JSON decoder) gives it, the JSON texts decoded in one
+def _decode_all(values: list[Any], one: Convert = decode_json) -> list[Any]:
+    """Each value as `one` (`decode_json`) gives it, the JSON texts decoded in one
     call: a column of a stock JSONField holds valid JSON only (PostgreSQL's jsonb, the
     JSON_VALID check elsewhere), so the texts joined by commas inside brackets are an
     array of exactly those values. Decoding a window's payloads together saves most of

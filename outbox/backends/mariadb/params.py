@@ -64,21 +64,6 @@ def back_off_document(failed: Sequence[FailedGroup]) -> str:
 
 
 def message_reader(model: type[OutboxBase], connection: BaseDatabaseWrapper) -> MessageReader:
-    """How Django turns a read row into a message: json.loads for a stock JSONField, as
-    Django does; else each field's own converters (see `field_converter`)."""
-    return MessageReader(model, connection, _loads_json)
-
-
-_raw_decode = json.JSONDecoder().raw_decode
-
-
-def _loads_json(value: Any) -> Any:
-    """json.loads, without its two whitespace scans where the text has no whitespace
-    around it (as Django writes it); any other text goes through json.loads itself."""
-    if isinstance(value, str):
-        try:
-            decoded, end = _raw_decode(value)
-        except ValueError:
-            return json.loads(value)  # leading whitespace, or an error to raise as it would
-        return decoded if end == len(value) else json.loads(value)
-    return json.loads(value) if isinstance(value, bytes) else value
+    """How Django turns a read row into a message: `decode_json` for a stock JSONField,
+    else each field's own converters (see `field_converter`)."""
+    return MessageReader(model, connection)

@@ -15,7 +15,6 @@ The statements themselves live in `statements`, their parameters in `params`.
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -48,14 +47,6 @@ from outbox.backends.postgresql.statements import Statements, statements
 from outbox.cursors import CommitWithInsert
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
-
-# PostgreSQL prints jsonb without surrounding whitespace: raw_decode skips the checks
-# json.loads makes for it, which matter at one call per message.
-_raw_decode = json.JSONDecoder().raw_decode
-
-
-def _decode_stock_json(value: Any) -> Any:
-    return _raw_decode(value)[0] if isinstance(value, str) else value
 
 
 class PostgresBackend(OutboxBackend):
@@ -207,7 +198,7 @@ class PostgresBackend(OutboxBackend):
         # Django reads jsonb as text and leaves decoding to the field; so do we.
         if model not in self._readers:
             connection = connections[self.using]
-            self._readers[model] = MessageReader(model, connection, _decode_stock_json)
+            self._readers[model] = MessageReader(model, connection)
         return self._readers[model]
 
     def settle(self, model: type[OutboxBase], lease: Lease, settlement: Settlement) -> SettleResult:
