@@ -189,6 +189,26 @@ class PortableBackend(OutboxBackend):
         self.release(model, lease, [key for key in settlement.release if key not in lost])
         return SettleResult(deleted, frozenset(lost))
 
+    def settle_unleased(self, model: type[OutboxBase], settlement: Settlement) -> int:
+        """Apply `settlement` with no lease, inside the caller's transaction: the eager
+        flush in a test's open transaction (`outbox.engine.flush.deliver_eagerly`), which
+        no other connection can see, so nothing needs guarding. Deletes the delivered
+        rows, records failed attempts and their retry times, marks dead letters, as
+        `settle` does; no lease row is read or written. Returns the rows deleted."""
+        ids = [row_id for shard_ids in settlement.delivered.values() for row_id in shard_ids]
+        deleted = self.rows(model).filter(id__in=ids)._raw_delete(self.using) if ids else 0
+        if settlement.failed:
+            self.record_attempt(
+                model,
+                None,
+                settlement.failed,
+                scheduled_from=Now(),
+                scheduled_for=self._retry_times(settlement.failed),
+            )
+        if settlement.dead:
+            self.record_attempt(model, None, settlement.dead, dead_at=Now())
+        return deleted
+
     def retire(
         self, model: type[OutboxBase], lease: Lease, settlement: Settlement
     ) -> tuple[int, set[ShardKey]]:
@@ -211,17 +231,12 @@ class PortableBackend(OutboxBackend):
         """Record a failed attempt on each row; back its shard off, without a holder."""
         if not failures:
             return
-        retry_at = [
-            When(id=row_id, then=db_now_plus(delay))
-            for failure in failures
-            for row_id, delay in failure.row_delays.items()
-        ]
         self.record_attempt(
             model,
             lease,
             failures,
             scheduled_from=Now(),
-            scheduled_for=Case(*retry_at, output_field=DateTimeField()),
+            scheduled_for=self._retry_times(failures),
         )
         # The lease row stays, without a token, until the shard may be retried: its
         # later groups wait out the back-off of its head.
@@ -229,6 +244,16 @@ class PortableBackend(OutboxBackend):
         self.leases(model).with_token(lease.token).filter(
             any_of([lease_key(failure.shard) for failure in failures])
         ).update(token=None, expires_at=Case(*backoff, output_field=DateTimeField()))
+
+    @staticmethod
+    def _retry_times(failures: Sequence[FailedGroup]) -> Case:
+        """Each failed row's new `scheduled_for`: its own delay from now."""
+        retry_at = [
+            When(id=row_id, then=db_now_plus(delay))
+            for failure in failures
+            for row_id, delay in failure.row_delays.items()
+        ]
+        return Case(*retry_at, output_field=DateTimeField())
 
     def bury(self, model: type[OutboxBase], lease: Lease, dead: Sequence[FailedGroup]) -> None:
         """Record the last attempt on each row of the dead groups and mark them dead."""
@@ -238,12 +263,13 @@ class PortableBackend(OutboxBackend):
     def record_attempt(
         self,
         model: type[OutboxBase],
-        lease: Lease,
+        lease: Lease | None,
         failures: Sequence[FailedGroup],
         **changes: Any,
     ) -> None:
-        """One UPDATE of the failed rows of held shards: attempts, times, error,
-        traceback, and the receivers that succeeded (on each group's newest row)."""
+        """One UPDATE of the failed rows of held shards (of any shard without a `lease`:
+        `settle_unleased`): attempts, times, error, traceback, and the receivers that
+        succeeded (on each group's newest row)."""
 
         def per_group(attribute: str, column: str) -> Case:
             whens = [
@@ -255,7 +281,10 @@ class PortableBackend(OutboxBackend):
             When(id=max(f.row_delays), then=Value(f.delivered_to)) for f in failures if f.row_delays
         ]
         row_ids = [row_id for failure in failures for row_id in failure.row_delays]
-        self.rows(model).filter(id__in=row_ids).filter(self.ours(model, lease)).update(
+        rows = self.rows(model).filter(id__in=row_ids)
+        if lease is not None:
+            rows = rows.filter(self.ours(model, lease))
+        rows.update(
             attempts=F("attempts") + 1,
             first_attempt_at=Coalesce(F("first_attempt_at"), Now()),
             last_attempt_at=Now(),

@@ -29,17 +29,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
-
-from django.db.models import Case, DateTimeField, F, When
-from django.db.models.functions import Coalesce, Now
 
 import outbox.engine.delivery as delivery
 import outbox.engine.events as events
-from outbox.backends.base import FailedGroup, Group
-from outbox.backends.portable import PortableBackend, db_now_plus
+from outbox.backends.base import Group, Settlement
+from outbox.backends.portable import PortableBackend
 from outbox.conf import outbox_settings
-from outbox.engine.delivery import judge
 from outbox.engine.drain import Drainer
 from outbox.engine.rounds import DrainStats, cut_at_bounds
 from outbox.models import OutboxBase
@@ -122,41 +117,17 @@ class _EagerTable:
         return True
 
     def _retire(self, group: Group) -> bool:
-        self._rows(group.row_ids).delete()
+        self.backend.settle_unleased(self.model, Settlement(delivered={group.shard: group.row_ids}))
         return True
 
     def _failed(self, group: Group, exc: Exception) -> bool:
         """Record the failure as the engine would; True when the shard goes on (the
         group became a dead letter)."""
-        failed, dead = judge(self.model, group, exc, self.using)
-        self._record_attempt(failed, dead)
+        failed, dead = delivery.judge(self.model, group, exc, self.using)
+        outcome = Settlement(dead=[failed]) if dead else Settlement(failed=[failed])
+        self.backend.settle_unleased(self.model, outcome)
         if self.raise_errors:
             errors = exc.errors if isinstance(exc, delivery.DeliveryFailed) else []
             # One failing receiver: its own error, as the test wrote it.
             raise errors[0][1] if len(errors) == 1 else exc
         return dead
-
-    def _record_attempt(self, failed: FailedGroup, dead: bool) -> None:
-        changes: dict[str, Any] = {"dead_at": Now()}
-        if not dead:
-            retry_at = [
-                When(id=row_id, then=db_now_plus(delay))
-                for row_id, delay in failed.row_delays.items()
-            ]
-            changes = {
-                "scheduled_from": Now(),
-                "scheduled_for": Case(*retry_at, output_field=DateTimeField()),
-            }
-        self._rows(list(failed.row_delays)).update(
-            attempts=F("attempts") + 1,
-            first_attempt_at=Coalesce(F("first_attempt_at"), Now()),
-            last_attempt_at=Now(),
-            last_error=failed.error,
-            last_traceback=failed.traceback,
-            **changes,
-        )
-        if failed.delivered_to:
-            self._rows([max(failed.row_delays)]).update(delivered_to=failed.delivered_to)
-
-    def _rows(self, row_ids: list[int]) -> Any:
-        return self.model._default_manager.using(self.using).filter(id__in=row_ids)
