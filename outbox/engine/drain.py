@@ -96,7 +96,7 @@ from outbox.backends.base import Lease, OutboxBackend, ShardFilter, Window
 from outbox.conf import outbox_settings
 from outbox.engine.delivery import ShardDeliverer
 from outbox.engine.leases import Holding, LeaseKeeper, release_quietly, retrying
-from outbox.engine.pipeline import ClaimAhead, Claimed, SettleBehind, Unsettled
+from outbox.engine.pipeline import ClaimAhead, Claimed, SettleBehind, Unsettled, settle_round
 from outbox.engine.rounds import DrainStats, Round, cut_at_bounds, done_shards
 from outbox.engine.slots import KeptStragglers, SlotPool, Stragglers, deliver_window, on_slots
 from outbox.exceptions import DrainInTransaction
@@ -361,10 +361,7 @@ class BatchWorker:
             raise errors[0]
 
     def _settle(self, lease: Lease, round_: Round, done: list[ShardKey], stats: DrainStats) -> None:
-        settlement = round_.settlement(done)
-        settled = retrying(self.backend, lambda: self.backend.settle(self.model, lease, settlement))
-        round_.lost.update(settled.lost)
-        events.leases_lost(self.model, round_.lost, self.using)
+        settled = settle_round(self.backend, self.model, self.using, lease, round_, done)
         round_.add_to(stats, settled.deleted)
 
     def _defer(

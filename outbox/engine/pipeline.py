@@ -36,7 +36,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -48,6 +48,7 @@ from outbox.backends.base import Lease, OutboxBackend, Settlement, SettleResult
 from outbox.engine.leases import Holding, LeaseKeeper, release_quietly, retrying
 from outbox.engine.rounds import DrainStats, Round
 from outbox.models import OutboxBase
+from outbox.shards import ShardKey
 
 _T = TypeVar("_T")
 
@@ -168,6 +169,31 @@ class Unsettled:
     holding: Holding
 
 
+def settle_round(
+    backend: OutboxBackend,
+    model: type[OutboxBase],
+    using: str,
+    lease: Lease,
+    round_: Round,
+    done: Sequence[ShardKey],
+) -> SettleResult:
+    """Settle a delivered round under `lease` in the calling thread, `done` its shards
+    to release: the one settle of the engine (a drain's own, a straggler's, and, on its
+    thread, `SettleBehind`'s through `apply_settlement`). The shards it found lost are
+    added to the round and announced."""
+    settled = apply_settlement(backend, model, lease, round_.settlement(list(done)))
+    round_.lost.update(settled.lost)
+    events.leases_lost(model, round_.lost, using)
+    return settled
+
+
+def apply_settlement(
+    backend: OutboxBackend, model: type[OutboxBase], lease: Lease, settlement: Settlement
+) -> SettleResult:
+    """`backend.settle`, retried on a transient lock error."""
+    return retrying(backend, lambda: backend.settle(model, lease, settlement))
+
+
 class SettleBehind:
     """Settles one drain's batches on a background thread, one at a time."""
 
@@ -234,10 +260,7 @@ class SettleBehind:
         settle that fails releases the shards, as a failed settle in the drain's own
         thread leaves them, before the error reaches the drain."""
         try:
-            lease = pending.lease
-            return retrying(
-                self.backend, lambda: self.backend.settle(self.model, lease, pending.settlement)
-            )
+            return apply_settlement(self.backend, self.model, pending.lease, pending.settlement)
         except BaseException:
             release_quietly(self.backend, self.model, pending.lease)
             raise

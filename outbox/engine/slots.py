@@ -80,7 +80,8 @@ from outbox.engine.delivery import (
     ShardTask,
     judge,
 )
-from outbox.engine.leases import Holding, LeaseKeeper, retrying
+from outbox.engine.leases import Holding, LeaseKeeper
+from outbox.engine.pipeline import settle_round
 from outbox.engine.rounds import DrainStats, Round
 from outbox.exceptions import InvalidOutboxMessage, StuckReceivers
 from outbox.internals import live_receivers
@@ -631,17 +632,12 @@ class Stragglers:
         done = [key for key in shards if key not in failed and key not in merged.lost]
         window_lease = self._holdings[landed[0][0]].lease
         lease = Lease(window_lease.token, window_lease.holder, window_lease.seconds, shards)
-        settlement = merged.settlement(done)
         try:
-            settled = retrying(
-                self.backend, lambda: self.backend.settle(self.model, lease, settlement)
-            )
+            settled = settle_round(self.backend, self.model, self.using, lease, merged, done)
         finally:
             keeper = LeaseKeeper.get()
             for task, _ in landed:
                 keeper.drop(self._holdings.pop(task))
-        merged.lost.update(settled.lost)
-        events.leases_lost(self.model, merged.lost, self.using)
         merged.add_to(stats, settled.deleted)
 
 
