@@ -28,11 +28,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Count, Max
 
 from outbox.backends.listener import WakeListener
 from outbox.backends.records import (
     FailedGroup,
     Group,
+    HeldLeases,
     Lease,
     Message,
     Settlement,
@@ -42,12 +44,13 @@ from outbox.backends.records import (
 )
 from outbox.backends.wake import wake_backed_off
 from outbox.cursors import CommitWithInsert
-from outbox.models import OutboxBase
+from outbox.models import OutboxBase, ShardLease
 from outbox.shards import ShardKey
 
 __all__ = [
     "FailedGroup",
     "Group",
+    "HeldLeases",
     "Lease",
     "Message",
     "OutboxBackend",
@@ -193,6 +196,22 @@ class OutboxBackend(ABC):
     def release(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
         """Drop the lease on `shards` where `lease.token` still holds it, so the shards
         may be claimed at once; shards someone else holds are left alone."""
+
+    def held_by_others(
+        self, model: type[OutboxBase], where: ShardFilter, holder: str
+    ) -> HeldLeases:
+        """The leases of shards passing `where` that holders other than `holder` hold
+        now: how many, and the latest claim among them. A drain whose claim came back
+        empty looks at it to tell a claim race lost (other drains hold shards, and move
+        on to new ones) from a backlog done. The ORM does it for every backend: one
+        aggregate over the lease table, run only when a claim came back empty."""
+        leases = ShardLease.objects.using(self.using).of(model).held().exclude(holder=holder)
+        if where.scopes:
+            leases = leases.filter(shard_scope__in=where.scopes)
+        if where.identifiers:
+            leases = leases.filter(shard_identifier__in=where.identifiers)
+        found = leases.aggregate(count=Count("id"), latest=Max("claimed_at"))
+        return HeldLeases(found["count"], found["latest"])
 
     def wake(self, model: type[OutboxBase], where: ShardFilter) -> list[ShardKey]:
         """End the back-off of the shards passing `where` that a message reached since

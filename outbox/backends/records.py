@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from outbox.models import OutboxBase
@@ -164,6 +165,15 @@ class Settlement:
     failed: Sequence[FailedGroup] = ()
     release: Sequence[ShardKey] = ()
     dead: Sequence[FailedGroup] = ()
+
+
+@dataclass(frozen=True)
+class HeldLeases:
+    """Leases other claims hold (`OutboxBackend.held_by_others`): how many, and the
+    latest claim among them (None when there are none)."""
+
+    count: int
+    latest: datetime | None
 
 
 @dataclass(frozen=True)

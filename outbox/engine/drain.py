@@ -92,7 +92,7 @@ from django.db import connections, router
 
 import outbox.engine.events as events
 from outbox.backends import get_backend
-from outbox.backends.base import Lease, OutboxBackend, ShardFilter, Window
+from outbox.backends.base import HeldLeases, Lease, OutboxBackend, ShardFilter, Window
 from outbox.conf import outbox_settings
 from outbox.engine.delivery import ShardDeliverer
 from outbox.engine.leases import Holding, LeaseKeeper, release_quietly, retrying
@@ -416,6 +416,13 @@ class Claims:
             self.cursor = lease.shards[-1]
         return lease
 
+    def held_by_others(self) -> HeldLeases:
+        """The leases other drains hold now of the shards passing the filters."""
+        where, holder = self._filter(None), self.holder
+        return retrying(
+            self.backend, lambda: self.backend.held_by_others(self.model, where, holder)
+        )
+
     def claim_and_read(self, lease: Lease, shards: tuple[ShardKey, ...]) -> Window | None:
         """Claim `shards` and read the won ones in one step where the backend can (and
         no scope or identifier filter applies); None: claim, then read."""
@@ -453,6 +460,11 @@ logger = logging.getLogger("outbox.engine")
 # Through a backlog, how many batches are claimed ahead of the one being delivered: two
 # keep the claiming thread busy while the drain reads and delivers.
 CLAIMS_AHEAD = 2
+# A drain whose claim came back empty while other drains hold shards looks again as
+# long as they claim anew within this long (`Drainer._lost_a_race`).
+RACE_PATIENCE_SECONDS = 0.5
+# The waits between those looks: from the first to the last, doubling.
+RACE_LOOKS_SECONDS = (0.005, 0.05)
 
 
 class Drainer:
@@ -488,6 +500,9 @@ class Drainer:
         self._pace = Pace()
         self._claimed_again = False
         self._woken = False  # looked at the backing-off shards in this drain
+        # Since a claim came back empty while others held shards: their latest claim
+        # then, when it was first seen, and the looks made since.
+        self._race: tuple[object, float, int] | None = None
 
     def drain(self, *, deadline: float | None = None) -> DrainStats:
         """Deliver everything due now (and what becomes due meanwhile) until none is left."""
@@ -495,6 +510,7 @@ class Drainer:
         stats = DrainStats()
         started = time.monotonic()
         self._woken = False
+        self._race = None
         behind = None
         if outbox_settings.SETTLE_IN_BACKGROUND and self.backend.settles_behind:
             behind = SettleBehind(self.backend, self.model, self.using)
@@ -548,6 +564,7 @@ class Drainer:
                     if self._claim_again(stats):
                         continue
                     break
+                self._race = None
                 full_in_a_row = full_in_a_row + 1 if len(lease.shards) >= limit else 0
                 defer = behind is not None and full_in_a_row >= 2
                 while defer and ahead.started < CLAIMS_AHEAD:
@@ -582,10 +599,33 @@ class Drainer:
                     return True
             elif self._stragglers.waited(stats):
                 return True
-        if self._woken:
+        if not self._woken:
+            self._woken = True
+            if self._claims.wake():
+                return True
+        return self._lost_a_race()
+
+    def _lost_a_race(self) -> bool:
+        """The claim came back empty while other drains hold shards of the table: a
+        claim race lost, not a backlog done, as long as they go on claiming (their
+        batches end and let shards go with rows left, or they would claim no more).
+        Look again a moment later, while their latest claim moves within
+        `RACE_PATIENCE_SECONDS`; drains held up only by calls that do not return (the
+        same leases, no new claim) are left to it, and the drain ends."""
+        held = self._claims.held_by_others()
+        if not held.count:
             return False
-        self._woken = True
-        return bool(self._claims.wake())
+        now = time.monotonic()
+        if self._race is None or held.latest != self._race[0]:
+            looks = 0 if self._race is None else self._race[2]
+            self._race = (held.latest, now, looks)
+        elif now - self._race[1] >= RACE_PATIENCE_SECONDS:
+            return False
+        latest, seen, looks = self._race
+        self._race = (latest, seen, looks + 1)
+        first, last = RACE_LOOKS_SECONDS
+        self.stop.wait(min(first * 2**looks, last))
+        return True
 
     @property
     def _slot_count(self) -> int:
