@@ -34,6 +34,7 @@ ALERTS = {
     "OutboxBacklogGrowing",
     "OutboxGaugesNotRefreshed",
     "OutboxGaugesAbsent",
+    "OutboxGaugesGone",
     "OutboxMessagesDeadLettered",
     "OutboxVacuumHeldBack",
     "OutboxDeadTuplesGrowing",
