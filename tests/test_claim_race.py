@@ -20,7 +20,7 @@ from django.utils import timezone
 from outbox.engine import drain_outboxes
 from outbox.engine.drain import RACE_PATIENCE_SECONDS
 from outbox.models import ShardLease
-from tests.conftest import committing
+from tests.conftest import committing, server_database_only
 from tests.factories import RegionOutboxFactory
 
 pytestmark = committing
@@ -41,6 +41,7 @@ def held_by_another_drain(identifier: int) -> ShardLease:
     )
 
 
+@server_database_only
 def test_a_drain_that_finds_every_shard_taken_waits_for_a_drain_that_moves_on(calls):
     RegionOutboxFactory(shard_identifier=1, payload={"v": 1})
     lease = held_by_another_drain(1)

@@ -267,9 +267,11 @@ def test_query_count_does_not_grow_with_shards_or_groups(shards, groups, setting
     # walk, lease, read window, delete, release, and the empty claim (two walks).
     # Portable: find due, claim (update, insert, read back), read window (rows,
     # payloads), delete, release, and the empty find that ends the drain. Each drain
-    # first looks for back-offs a new message ends (`outbox.backends.wake`): one more.
-    postgres = 5 + (shards == 100 and groups == 1)
-    expected = {PostgresBackend: postgres, MariaDBBackend: 8}.get(type(get_backend("default")), 10)
+    # first looks for back-offs a new message ends (`outbox.backends.wake`): one more;
+    # and, the claim having come back empty, whether other drains hold shards
+    # (`held_by_others`: none here, so the drain ends): one more.
+    postgres = 6 + (shards == 100 and groups == 1)
+    expected = {PostgresBackend: postgres, MariaDBBackend: 9}.get(type(get_backend("default")), 11)
     assert len(engine_statements(captured)) == expected, engine_statements(captured)
 
 
@@ -291,18 +293,19 @@ def test_one_message_per_shard_costs_statements_per_window_not_per_shard(shards,
         # fewer) a walk after it and wrapped around, in one statement. Claim, read,
         # settle; claim (scan, walk around), read, settle; the empty claim (a walk
         # around: that batch was not full). As many for 500 shards as for 1500. And
-        # the look for back-offs a new message ends, as every drain begins.
-        assert len(statements) == 9, statements
+        # the look for back-offs a new message ends, as every drain begins; the look
+        # at other drains' leases after the empty claim.
+        assert len(statements) == 10, statements
     elif isinstance(get_backend("default"), MariaDBBackend):
         # The same batches, each step a statement: walk, lease, read, delete, release;
         # walk (after, until), lease, read, delete, release; the empty walks (after,
-        # until); the look for back-offs to end. tests/test_mariadb_backend.py pins
-        # it for bigger batches.
-        assert len(statements) == 14, statements
+        # until); the look for back-offs to end; the look at other drains' leases.
+        # tests/test_mariadb_backend.py pins it for bigger batches.
+        assert len(statements) == 15, statements
     else:
         # The portable path keeps batches of BATCH_SHARDS: 8 statements per batch.
         batches = -(-shards // 100)
-        assert len(statements) <= 8 * batches + 2, len(statements)
+        assert len(statements) <= 8 * batches + 3, len(statements)
 
 
 def test_control_shards_with_any_region_name_claim_read_and_settle(calls):

@@ -481,8 +481,12 @@ class Drainer:
         concurrency: int | None = None,
         slots: SlotPool | None = None,
         stragglers: KeptStragglers | None = None,
+        wait_for_others: bool = True,
     ) -> None:
         self.model = model
+        # Whether an empty claim while other drains hold shards is looked at again
+        # (`_lost_a_race`); a loop's is not: its next round comes with the next write.
+        self.wait_for_others = wait_for_others
         self.using = using or router.db_for_write(model)
         self.backend = get_backend(self.using)
         self.scopes = scopes
@@ -603,7 +607,7 @@ class Drainer:
             self._woken = True
             if self._claims.wake():
                 return True
-        return self._lost_a_race()
+        return self.wait_for_others and self._lost_a_race()
 
     def _lost_a_race(self) -> bool:
         """The claim came back empty while other drains hold shards of the table: a
@@ -753,13 +757,17 @@ def drain_outboxes(
     concurrency: int | None = None,
     slots: SlotPool | None = None,
     stragglers: KeptStragglers | None = None,
+    wait_for_others: bool = True,
 ) -> DrainStats:
     """Drain every due shard of the given tables (all of them by default) once, in the
     calling thread: no signals, no graceful timeout (a backlog's settles may run on a
     helper thread meanwhile; all are done on return). `concurrency`: how many shards
     are delivered at once (default `OUTBOX_CONCURRENCY`); `slots`: a pool of slot
     threads the caller keeps across drains instead (`DrainWorker` does), and `stragglers`
-    the calls it lets run on them past a drain (not waited for here)."""
+    the calls it lets run on them past a drain (not waited for here).
+    `wait_for_others`: when a claim comes back empty while other drains hold shards of
+    the table and go on claiming, look again rather than end (a claim race lost, not a
+    backlog done); a loop's rounds pass False, as the next write starts another round."""
     stats = DrainStats()
     for model in models or outbox_models():
         drainer = Drainer(
@@ -771,6 +779,7 @@ def drain_outboxes(
             concurrency=concurrency,
             slots=slots,
             stragglers=stragglers,
+            wait_for_others=wait_for_others,
         )
         result = drainer.drain(deadline=deadline)
         stats.add(result)

@@ -545,6 +545,7 @@ class DrainWorker:
                 concurrency=self.concurrency,
                 slots=slots,
                 stragglers=stragglers,
+                wait_for_others=not self.loop,
             )
         except (OperationalError, InterfaceError):
             if not self.loop:
