@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 
 from outbox.conf import outbox_settings
 from outbox.engine import DrainWorker
+from outbox.health.liveness import LivenessFile
 
 __all__ = [
     "TOUCH_SECONDS",
@@ -58,10 +58,9 @@ class TaskLiveness:
     process overran; a failure to touch is logged once, never raised."""
 
     def __init__(self, path: str, every: float = TOUCH_SECONDS) -> None:
-        self.path = Path(path)
+        self.file = LivenessFile(path)
         self.every = every
         self._stopped = threading.Event()
-        self._failing = False
         self._thread = threading.Thread(target=self._run, name="outbox-liveness", daemon=True)
 
     def start(self) -> TaskLiveness:
@@ -78,20 +77,8 @@ class TaskLiveness:
     def _run(self) -> None:
         while not self._stopped.is_set():
             if not overrun_drains(self.every):
-                self._touch()
+                self.file.touch()
             self._stopped.wait(self.every)
-
-    def _touch(self) -> None:
-        try:
-            self.path.touch()
-        except OSError:
-            if not self._failing:
-                logger.warning(
-                    "outbox could not touch the liveness file %s", self.path, exc_info=True
-                )
-            self._failing = True
-        else:
-            self._failing = False
 
 
 _lock = threading.Lock()

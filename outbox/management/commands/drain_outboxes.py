@@ -8,7 +8,7 @@ lease expires); 5 when more receiver calls than OUTBOX_MAX_STUCK_RECEIVERS ran p
 OUTBOX_RECEIVER_TIMEOUT_SECONDS and are still running (restart the process).
 SIGTERM/SIGINT stop it gracefully, a second one at once
 (`outbox.engine.worker.DrainWorker`). It refuses to run inside an open transaction.
-`--liveness-file` keeps a file fresh for a liveness probe (`outbox.management.liveness`).
+`--liveness-file` keeps a file fresh for a liveness probe (`outbox.health.liveness`).
 `--metrics-port` serves Prometheus' /metrics from the process while it runs
 (`MetricsServer`).
 """
@@ -31,6 +31,7 @@ from outbox.conf import outbox_settings
 from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
 from outbox.engine.slots import stuck_receivers
 from outbox.exceptions import DrainInTransaction, MetricsUnavailable, StuckReceivers
+from outbox.health.liveness import LivenessFile
 from outbox.health.thresholds import backlog_figures, describe_backlog
 from outbox.inbox import inbox_databases, inbox_receivers, prune_inbox
 from outbox.management import exit_codes
@@ -42,7 +43,6 @@ from outbox.management.arguments import (
     shard_identifiers,
     whole_number,
 )
-from outbox.management.liveness import LivenessFile
 from outbox.metrics import installed, record_backlog
 from outbox.metrics.base import metrics_class
 from outbox.models import ShardLease, outbox_models
@@ -160,6 +160,10 @@ class Command(BaseCommand):
             path = options["liveness_file"]
             liveness = LivenessFile(path) if path else None
             if liveness is not None:
+                try:  # a missing directory, no permission: say so at start
+                    liveness.path.touch()
+                except OSError as exc:
+                    raise CommandError(f"Cannot write the liveness file {path!r}: {exc}") from exc
                 running.callback(liveness.remove)
             worker = self._worker(options, liveness)
             try:
