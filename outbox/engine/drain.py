@@ -87,6 +87,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import connections, router
 
@@ -463,6 +465,9 @@ CLAIMS_AHEAD = 2
 # A drain whose claim came back empty while other drains hold shards looks again as
 # long as they claim anew within this long (`Drainer._lost_a_race`).
 RACE_PATIENCE_SECONDS = 0.5
+# However much they claim, a drain that has won nothing for this long ends (a one-shot
+# drain beside loops under steady writes would otherwise look on for ever).
+RACE_GIVE_UP_SECONDS = 5.0
 # The waits between those looks: from the first to the last, doubling.
 RACE_LOOKS_SECONDS = (0.005, 0.05)
 
@@ -504,9 +509,9 @@ class Drainer:
         self._pace = Pace()
         self._claimed_again = False
         self._woken = False  # looked at the backing-off shards in this drain
-        # Since a claim came back empty while others held shards: their latest claim
-        # then, when it was first seen, and the looks made since.
-        self._race: tuple[object, float, int] | None = None
+        # Since a claim came back empty while others held shards (None: the last claim
+        # won some).
+        self._race: _Race | None = None
 
     def drain(self, *, deadline: float | None = None) -> DrainStats:
         """Deliver everything due now (and what becomes due meanwhile) until none is left."""
@@ -615,20 +620,24 @@ class Drainer:
         batches end and let shards go with rows left, or they would claim no more).
         Look again a moment later, while their latest claim moves within
         `RACE_PATIENCE_SECONDS`; drains held up only by calls that do not return (the
-        same leases, no new claim) are left to it, and the drain ends."""
+        same leases, no new claim) are left to it, and the drain ends, as it does once it
+        has won nothing for `RACE_GIVE_UP_SECONDS`."""
         held = self._claims.held_by_others()
         if not held.count:
             return False
         now = time.monotonic()
-        if self._race is None or held.latest != self._race[0]:
-            looks = 0 if self._race is None else self._race[2]
-            self._race = (held.latest, now, looks)
-        elif now - self._race[1] >= RACE_PATIENCE_SECONDS:
+        race = self._race
+        if race is None:
+            race = self._race = _Race(held.latest, moved_at=now, since=now)
+        elif held.latest != race.latest:
+            race.latest, race.moved_at = held.latest, now
+        elif now - race.moved_at >= RACE_PATIENCE_SECONDS:
             return False
-        latest, seen, looks = self._race
-        self._race = (latest, seen, looks + 1)
+        if now - race.since >= RACE_GIVE_UP_SECONDS:
+            return False
         first, last = RACE_LOOKS_SECONDS
-        self.stop.wait(min(first * 2**looks, last))
+        self.stop.wait(min(first * 2**race.looks, last))
+        race.looks += 1
         return True
 
     @property
@@ -741,6 +750,16 @@ class Drainer:
     def _refuse_open_transaction(self) -> None:
         if connections[self.using].in_atomic_block:
             raise DrainInTransaction.refusing(self.model._meta.label, self.using)
+
+
+@dataclass
+class _Race:
+    """A drain's empty claims while other drains held shards (`Drainer._lost_a_race`)."""
+
+    latest: datetime | None  # the others' latest claim, as last seen
+    moved_at: float  # when it was seen to move (or first seen)
+    since: float  # the first of these empty claims
+    looks: int = 0
 
 
 # --- Every table, once --------------------------------------------------------------
