@@ -17,7 +17,10 @@ this module only shapes them for the template, with a few bounded queries of its
 - `drain_activity`: what the leases tell of the drains. No drain records a heartbeat in
   the database, so the page says what it knows (a lease renewed within the lease
   length, the last claim, how long retry-due shards have waited) and never more;
-- `state_of`: ok / warning / failing for the colour and the word of each line.
+- `state_of`: ok / warning / failing for the colour and the word of each line; a
+  paused scope's line says paused (in the warning colour) unless it is failing;
+- `pauses`: what is paused in the table (`outbox.models.pause`), each with what the
+  dashboard's resume form posts.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ COUNT_LINKS: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 # The words of the states, shown beside their colour.
-OK, WARNING, FAILING = "ok", "warning", "failing"
+OK, WARNING, FAILING, PAUSED = "ok", "warning", "failing", "paused"
 
 
 def dashboard_tables(
@@ -94,6 +97,8 @@ def table_figures(model: type[OutboxBase], site_name: str = "admin") -> dict[str
             else {}
         )
         scope["state"] = state_of(scope)
+        if scope["paused"] and scope["state"] != FAILING:
+            scope["state"] = PAUSED
     figures = {
         "label": status["table"],
         "verbose_name": model._meta.verbose_name_plural,
@@ -107,6 +112,7 @@ def table_figures(model: type[OutboxBase], site_name: str = "admin") -> dict[str
         "failing_shards": failing_shards(model, alias, lists["rows"]),
         "causes": reverse(f"{site_name}:{url_name(model._meta, 'causes')}"),
         "drains": drain_activity(model, alias),
+        "pauses": status["paused"],
     }
     figures["state"] = state_of(figures)
     return figures
@@ -250,6 +256,8 @@ def scope_figures(scope: dict[str, Any]) -> dict[str, Any]:
         **{column: scope.get(key, 0) for column, key in SCOPE_COLUMNS.items()},
         "lag_seconds": scope.get("lag_seconds", 0.0),
         "lag": age(scope["lag_seconds"]) if scope.get("due_rows") else "",
+        "paused": scope.get("paused", False),
+        "paused_parts": scope.get("paused_parts", 0),
     }
 
 

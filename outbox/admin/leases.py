@@ -10,19 +10,22 @@ from django.contrib import admin, messages
 from django.contrib.admin import AdminSite
 from django.core.exceptions import PermissionDenied
 from django.db.models import Exists, OuterRef, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.views.decorators.http import require_POST
 
 import outbox.admin.bulk as bulk
 from outbox.admin.base import OperatorAdmin, has_model_permission, may_view
 from outbox.admin.dashboard import dashboard_tables
 from outbox.admin.filters import LEASE_STATES, LeaseStateFilter, ScopeFilter
+from outbox.admin.pauses import may_pause, may_resume, pause_or_resume
 from outbox.categories import registry
 from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet, outbox_models
 from outbox.models.audit import WITH_SHARD, Audit
 
 DASHBOARD_URL_NAME = "outbox_dashboard"
+PAUSE_URL_NAME = "outbox_pause"
 # How often the dashboard reloads itself (a meta refresh), unless opened with ?refresh=0.
 REFRESH_SECONDS = 10
 
@@ -119,7 +122,18 @@ class ShardLeaseAdmin(OperatorAdmin):
             self.admin_site.admin_view(self.dashboard_view),
             name=DASHBOARD_URL_NAME,
         )
-        return [dashboard, *super().get_urls()]
+        pause = path(
+            "dashboard/pause/",
+            self.admin_site.admin_view(require_POST(self.pause_view)),
+            name=PAUSE_URL_NAME,
+        )
+        return [dashboard, pause, *super().get_urls()]
+
+    def pause_view(self, request: HttpRequest) -> HttpResponseRedirect:
+        """Pause or resume a part of a table (`outbox.admin.pauses`), then back to the
+        dashboard."""
+        pause_or_resume(request)
+        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:{DASHBOARD_URL_NAME}"))
 
     def dashboard_view(self, request: HttpRequest) -> TemplateResponse:
         tables = viewable_outboxes(request)
@@ -131,6 +145,9 @@ class ShardLeaseAdmin(OperatorAdmin):
             "opts": self.model._meta,
             "tables": dashboard_tables(tables, self.admin_site.name),
             "lease_changelist": reverse(f"{self.admin_site.name}:outbox_shardlease_changelist"),
+            "pause_url": reverse(f"{self.admin_site.name}:{PAUSE_URL_NAME}"),
+            "may_pause": may_pause(request),
+            "may_resume": may_resume(request),
             # ?refresh=0 turns the page's own refresh off.
             "refresh_seconds": 0 if request.GET.get("refresh") == "0" else REFRESH_SECONDS,
         }

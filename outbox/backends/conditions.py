@@ -6,8 +6,9 @@ import operator
 from collections.abc import Sequence
 from functools import reduce
 
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
+from outbox.models import OutboxBase, OutboxPause
 from outbox.shards import ShardKey
 
 
@@ -23,3 +24,20 @@ def lease_key(key: ShardKey) -> Q:
         shard_scope=key.shard_scope,
         shard_identifier=key.shard_identifier,
     )
+
+
+def paused(using: str, model: type[OutboxBase]) -> Exists:
+    """A pause (`outbox.models.pause`) covers the outer outbox row: its scope's, its
+    shard's or its category's (NULL columns of a pause match any value)."""
+    pauses = (
+        OutboxPause.objects.using(using)
+        .of(model)
+        .filter(
+            Q(shard_identifier__isnull=True) | Q(shard_identifier=OuterRef("shard_identifier")),
+            Q(category__isnull=True) | Q(category=OuterRef("category")),
+            shard_scope=OuterRef("shard_scope"),
+        )
+    )
+    if "region_name" in model.shard_fields:
+        pauses = pauses.filter(Q(region_name__isnull=True) | Q(region_name=OuterRef("region_name")))
+    return Exists(pauses)

@@ -39,7 +39,7 @@ from outbox.backends.base import (
     Window,
 )
 from outbox.backends.coalesce import coalesce
-from outbox.backends.conditions import any_of, lease_key
+from outbox.backends.conditions import any_of, lease_key, paused
 from outbox.backends.mariadb.errors import is_lock_error as mariadb_lock_error
 from outbox.backends.postgresql.errors import is_lock_error as postgresql_lock_error
 from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet
@@ -111,11 +111,13 @@ class PortableBackend(OutboxBackend):
         return lease.shards
 
     def due_shards(self, model: type[OutboxBase], where: ShardFilter, limit: int) -> list[ShardKey]:
-        """Shards whose head (oldest pending row) is due and that have no live lease,
-        oldest head first."""
+        """Shards whose head (oldest pending row) is due and not paused and that have no
+        live lease, oldest head first."""
         shard = {name: OuterRef(name) for name in model.shard_fields}
         before = self.pending(model).filter(**shard, id__lt=OuterRef("id"))
-        due = self.pending(model).filter(~Exists(before), scheduled_for__lte=Now())
+        due = self.pending(model).filter(
+            ~Exists(before), ~paused(self.using, model), scheduled_for__lte=Now()
+        )
         if where.shards is not None:
             due = due.filter(any_of([Q(**model.shard_lookup(key)) for key in where.shards]))
         if where.scopes:
@@ -161,7 +163,8 @@ class PortableBackend(OutboxBackend):
     ) -> Window:
         selectors = [Q(**model.shard_lookup(key)) for key in shards]
         columns = (*model.shard_fields, "id", "category", "object_identifier", "attempts", "due")
-        due = Case(When(scheduled_for__lte=Now(), then=True), default=False)
+        ready = Q(scheduled_for__lte=Now()) & ~paused(self.using, model)
+        due = Case(When(ready, then=True), default=False)
         read = self.pending(model).filter(any_of(selectors)).annotate(due=due).order_by("id")
         rows = list(read.values_list(*columns)[:limit])
         groups, _, _, cut = coalesce(model, rows, shards)

@@ -15,6 +15,11 @@ from `ShardLease.objects` (held, backing_off, retry_due, abandoned) and dead let
 the outbox QuerySet (`pending()`, `dead()`). `max_attempts` is the deprecated name of
 `highest_attempt`.
 
+What is paused (`outbox.models.pause`) comes with it: the table's pauses (`paused`, one
+entry each, naming the part), and per scope whether it is paused whole (`paused`) and
+how many pauses fall in it (`paused_parts`: its own, its shards' and its categories');
+a paused scope is listed even when it holds nothing.
+
 A database alias that DATABASES does not have raises `outbox.exceptions.UnknownDatabase`
 naming it and the configured ones, as `manage.py outbox_status --database` says.
 """
@@ -33,7 +38,7 @@ from django.utils import timezone
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.exceptions import UnknownDatabase
-from outbox.models import OutboxBase, ShardLease
+from outbox.models import OutboxBase, OutboxPause, ShardLease
 
 # Failing or dead shards listed per table, worst (most attempts) first.
 WORST_SHARDS = 5
@@ -44,7 +49,8 @@ def table_status(model: type[OutboxBase], using: str | None = None) -> dict[str,
     alias = known_database(using) or model._default_manager.db
     manager = model._default_manager.using(alias)
     now = timezone.now()
-    scopes = _scopes(model, alias, manager.pending(), now)
+    pauses = list(OutboxPause.objects.using(alias).of(model).order_by("paused_at", "id"))
+    scopes = _scopes(model, alias, manager.pending(), now, pauses)
     highest = max((scope["highest_attempt"] for scope in scopes), default=0)
     return {
         "table": model._meta.label,
@@ -62,8 +68,26 @@ def table_status(model: type[OutboxBase], using: str | None = None) -> dict[str,
         "backing_off_shards": sum(scope["backing_off_shards"] for scope in scopes),
         "retry_due_shards": sum(scope["retry_due_shards"] for scope in scopes),
         "expired_shards": sum(scope["expired_shards"] for scope in scopes),
+        "paused": [pause_entry(found) for found in pauses],
         "scopes": scopes,
         "worst_shards": _worst_shards(model, manager),
+    }
+
+
+def pause_entry(found: OutboxPause) -> dict[str, Any]:
+    """One pause as JSON-friendly values: what it names, since when, by whom, why."""
+    return {
+        "kind": found.part.kind,
+        "shard_scope": found.shard_scope,
+        "category_value": found.category,
+        "part": str(found.part),
+        "scope": registry.scope_name(found.shard_scope),
+        "shard_identifier": found.shard_identifier,
+        "region_name": found.region_name,
+        "category": None if found.category is None else registry.category_name(found.category),
+        "paused_at": found.paused_at.isoformat(),
+        "paused_by": found.paused_by,
+        "reason": found.reason,
     }
 
 
@@ -89,7 +113,11 @@ def _counts() -> dict[str, Any]:
 
 
 def _scopes(
-    model: type[OutboxBase], alias: str, pending: QuerySet[Any], now: datetime
+    model: type[OutboxBase],
+    alias: str,
+    pending: QuerySet[Any],
+    now: datetime,
+    pauses: list[OutboxPause],
 ) -> list[dict[str, Any]]:
     """One entry per scope that has pending rows, dead letters or leases. The pending
     rows' figures come from one grouped query, the table's are their sums: a row written
@@ -117,6 +145,10 @@ def _scopes(
     ):
         for entry in leased.values("shard_scope").annotate(n=Count("id")).order_by():
             by_scope[entry["shard_scope"]][state] = entry["n"]
+    for found in pauses:
+        scope = by_scope[found.shard_scope]
+        scope["paused_parts"] += 1
+        scope["paused"] = scope["paused"] or found.part.kind == "scope"
     return [{"scope": registry.scope_name(value), **by_scope[value]} for value in sorted(by_scope)]
 
 
@@ -134,6 +166,8 @@ def _empty_scope() -> dict[str, Any]:
         "expired_shards": 0,
         "backing_off_shards": 0,
         "retry_due_shards": 0,
+        "paused": False,
+        "paused_parts": 0,
     }
 
 

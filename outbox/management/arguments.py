@@ -3,16 +3,20 @@ a bad one is a CommandError naming it, never a traceback."""
 
 from __future__ import annotations
 
+import getpass
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from django.apps import apps
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
 from outbox.categories import registry
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.models import OutboxBase
+from outbox.models.audit import admin_log_installed
 from outbox.models.validation import BIGINT_MAX, BIGINT_MIN
 
 
@@ -90,3 +94,48 @@ def category_value(name: str) -> int:
 def _listed(values: Iterable[int], name: Callable[[int], str]) -> str:
     """`ORGANIZATION (0), USER (1)`: the values, in order, each with its declared name."""
     return ", ".join(f"{name(value)} ({value})" for value in sorted(values)) or "none declared"
+
+
+def audit_user(named: str | None, *, no_audit: bool) -> tuple[Any, str]:
+    """The pk of the user an operator command's admin log entries name (None: no entry),
+    and the warning to give when none could be found. `named`: `--user`, refused before
+    anything changes when no user has it. Without it, the user whose username is the OS
+    login name (`getpass.getuser()`), where there is one; where there is none, no entry
+    and a warning: the audit never stands between an operator and what they do."""
+    if no_audit:
+        return None, ""
+    if not admin_log_installed():
+        if named is not None:
+            raise CommandError(
+                "--user: django.contrib.admin is not installed, so there is no admin "
+                "log to write; leave --user out."
+            )
+        return None, ""
+    if named is not None:
+        user = _user_named(named)
+        if user is None:
+            raise CommandError(f"--user: no user has the username {named!r}; nothing was changed.")
+        return user.pk, ""
+    login = _login_name()
+    user = _user_named(login) if login else None
+    if user is not None:
+        return user.pk, ""
+    whose = f"no user has your login name {login!r}" if login else "you have no login name"
+    return None, (
+        f"No admin log entry will be written: no --user given, and {whose}. Name the "
+        "user to record with --user USERNAME, or say --no-audit."
+    )
+
+
+def _login_name() -> str:
+    """The OS login name (`getpass.getuser()`), or "" where the process has none."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no name for the uid (3.13 raises OSError, before KeyError)
+        return ""
+
+
+def _user_named(username: str) -> Any:
+    """The Django user with this username (the user model's USERNAME_FIELD), or None."""
+    model = get_user_model()
+    return model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()

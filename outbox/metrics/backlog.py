@@ -21,11 +21,11 @@ __all__ = ["record_backlog"]
 def record_backlog(using: str | None = None, metrics: Metrics | None = None) -> None:
     """Report, per outbox table and scope, the backlog (rows and distinct shards) and
     its health: the oldest due row's age, due rows and shards, failing shards, dead
-    letters, expired leases; on PostgreSQL, per database, the oldest xmin holder's age
+    letters, expired leases, paused parts; on PostgreSQL, per database, the oldest xmin holder's age
     and the dead tuples of its outbox tables and lease table; then the time of the
     reading, per table.
 
-    Three aggregate queries per table (`outbox.metrics.reading`), on `using` or the
+    Four aggregate queries per table (`outbox.metrics.reading`), on `using` or the
     table's default database, and three per PostgreSQL database for its vacuum
     health. Every declared scope is reported, as 0 when empty, and so is an undeclared
     one reported before: a gauge never keeps a stale value, even in Prometheus'

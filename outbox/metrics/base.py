@@ -35,7 +35,9 @@ class ScopeHealth:
     no drain runs); due_rows, due_shards: the rows whose time has come and their shards;
     failing_shards: shards with a row that failed and waits for its retry (a poison
     message blocks its shard so, while OUTBOX_MAX_ATTEMPTS is 0); dead_letters: the
-    messages given up; expired_leases: shards whose worker's lease ran out (abandoned).
+    messages given up; expired_leases: shards whose worker's lease ran out (abandoned);
+    paused_parts: the pauses in the scope (the scope itself, its shards, its categories:
+    `outbox.models.pause`), whose messages wait for an operator to resume them.
     """
 
     oldest_due_age_seconds: float = 0.0
@@ -44,6 +46,7 @@ class ScopeHealth:
     failing_shards: int = 0
     dead_letters: int = 0
     expired_leases: int = 0
+    paused_parts: int = 0
 
 
 class Metrics:

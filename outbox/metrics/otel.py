@@ -8,9 +8,10 @@ project sets up with the SDK and its exporter (e.g. OTLP): counters ``outbox.sav
 ``outbox.backlog.rows``, ``outbox.backlog.shards``, ``outbox.stuck_receivers`` (this
 process's count), the health gauges ``outbox.oldest_due_age`` (seconds),
 ``outbox.due_rows``, ``outbox.due_shards``, ``outbox.failing_shards``,
-``outbox.dead_letters``, ``outbox.expired_leases`` and ``outbox.gauges_read_timestamp``
-(Unix seconds), on PostgreSQL the vacuum gauges ``outbox.oldest_xmin_age`` (seconds,
-not recorded where PostgreSQL does not show it), ``outbox.oldest_xmin_xid_age`` and
+``outbox.dead_letters``, ``outbox.expired_leases``, ``outbox.paused_parts`` and
+``outbox.gauges_read_timestamp`` (Unix seconds), on PostgreSQL the vacuum gauges
+``outbox.oldest_xmin_age`` (seconds, not recorded where PostgreSQL does not show it),
+``outbox.oldest_xmin_xid_age`` and
 ``outbox.dead_tuples``, with the attributes ``outbox.table``, ``outbox.scope``,
 ``outbox.category``, ``outbox.receiver`` and ``outbox.database``.
 """
@@ -171,4 +172,5 @@ _HEALTH_GAUGES = (
     ("failing_shards", "outbox.failing_shards", "{shard}", "Shards whose row waits a retry."),
     ("dead_letters", "outbox.dead_letters", "{message}", "Outbox messages given up."),
     ("expired_leases", "outbox.expired_leases", "{shard}", "Shards whose lease ran out."),
+    ("paused_parts", "outbox.paused_parts", "{pause}", "Paused parts of the scope."),
 )

@@ -7,7 +7,8 @@ given): `outbox_saved_total`, `outbox_processed_total`, `outbox_failed_total`,
 `outbox_receiver_duration_seconds` and `outbox_claim_duration_seconds`, and the gauges
 `outbox_backlog_rows`, `outbox_backlog_shards`, `outbox_stuck_receivers`, the health
 gauges `outbox_oldest_due_age_seconds`, `outbox_due_rows`, `outbox_due_shards`,
-`outbox_failing_shards`, `outbox_dead_letters`, `outbox_expired_leases`, and
+`outbox_failing_shards`, `outbox_dead_letters`, `outbox_expired_leases`,
+`outbox_paused_parts`, and
 `outbox_gauges_read_timestamp_seconds` (when they were last read, per table).
 
 On PostgreSQL the readings add the vacuum gauges `outbox_oldest_xmin_age_seconds` and
@@ -71,6 +72,7 @@ HEALTH_GAUGES = (
     ("failing_shards", "Outbox shards whose row failed and waits for a retry."),
     ("dead_letters", "Outbox messages given up (dead letters), per scope."),
     ("expired_leases", "Outbox shards whose worker's lease ran out, per scope."),
+    ("paused_parts", "Paused outbox parts (the scope, its shards, categories), per scope."),
 )
 # How a gauge combines the processes' values in multiprocess mode (see the module docstring).
 _Mode = Literal["livemostrecent", "livesum"]

@@ -13,6 +13,7 @@ from outbox.models.outbox import (
     RegionOutbox,
     outbox_models,
 )
+from outbox.models.pause import OutboxPause, OutboxPauseQuerySet, PausedPart
 from outbox.models.write_path import WritePath
 
 __all__ = [
@@ -20,7 +21,10 @@ __all__ = [
     "InboxRecord",
     "InboxRecordQuerySet",
     "OutboxBase",
+    "OutboxPause",
+    "OutboxPauseQuerySet",
     "OutboxQuerySet",
+    "PausedPart",
     "RegionOutbox",
     "ShardLease",
     "ShardLeaseQuerySet",

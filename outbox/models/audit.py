@@ -10,6 +10,9 @@ cause) and names the message: its id, its shard and its category by name. Entrie
 written with one `bulk_create` per chunk of rows, in the transaction that changes those
 rows.
 
+Pausing and resuming a part of a table (`outbox.models.pause`) writes one entry too, on
+the pause's row: an addition when paused, a deletion when resumed (`record_pause`).
+
 Here, below the entry points, so that the admin and the management commands share one
 audit (neither imports the other). The admin log is Django's `django.contrib.admin`,
 which a project may leave out: its models are imported where an entry is written, never
@@ -29,6 +32,7 @@ from django.db.models import QuerySet
 
 from outbox.categories import registry
 from outbox.models.outbox import OutboxBase
+from outbox.models.pause import OutboxPause
 
 # How an action reached a row besides the rows ticked (`Audit.reach`).
 TICKED = ""
@@ -125,3 +129,23 @@ class Audit:
             else:
                 with transaction.atomic(using=log_database):
                     yield
+
+
+def record_pause(user_id: Any, paused: OutboxPause, *, resumed: bool, how: str = "") -> None:
+    """One entry for pausing or resuming (`resumed`) a part of a table, e.g. `Paused scope
+    ORGANIZATION of outbox.regionoutbox by outbox_pause: bad deploy.`; `how` says
+    by what (empty: the admin)."""
+    from django.contrib.admin.models import ADDITION, DELETION, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    did = "Resumed" if resumed else "Paused"
+    by = f" {how}" if how else ""
+    reason = f": {paused.reason}" if paused.reason and not resumed else ""
+    LogEntry.objects.create(
+        user_id=user_id,
+        content_type=ContentType.objects.get_for_model(OutboxPause),
+        object_id=str(paused.pk),
+        object_repr=str(paused)[:200],
+        action_flag=DELETION if resumed else ADDITION,
+        change_message=f"{did} {paused.part} of {paused.outbox}{by}{reason}.",
+    )

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from outbox.models import OutboxBase, ShardLease
+from outbox.models import OutboxBase, OutboxPause, ShardLease
 
 # The short name of each shard column, in the names of the parameters giving a key.
 SHORT = {"region_name": "region", "shard_scope": "scope", "shard_identifier": "identifier"}
@@ -65,6 +65,8 @@ class Statements:
     def __init__(self, model: type[OutboxBase], regions: Regions) -> None:
         self.table = f"`{model._meta.db_table}`"
         self.lease = f"`{ShardLease._meta.db_table}`"
+        self.pause = f"`{OutboxPause._meta.db_table}`"
+        self.label = model._meta.label_lower
         self.fields = model.shard_fields
         self.has_region = "region_name" in model.shard_fields
         self.regions = regions
@@ -126,13 +128,36 @@ class Statements:
             f" AND {lease}.`shard_identifier` = {other}.`shard_identifier`"
         )
 
+    def ready(self, row: str) -> str:
+        """Outbox row `row` may be delivered now: due, and no pause
+        (`outbox.models.pause`) covers it. The first EXISTS names no row, so MariaDB
+        runs it once per statement, and only when this table has a pause at all are
+        rows probed one by one. The label is inlined (a model label is an identifier):
+        the statements keep their parameters. Regions are compared as bytes: the pause
+        table's column may have a collation of its own, and two cannot be compared."""
+        region = ""
+        if self.has_region:
+            region = (
+                " AND (p.`region_name` IS NULL"
+                f" OR CAST(p.`region_name` AS BINARY) = CAST({row}.`region_name` AS BINARY))"
+            )
+        return (
+            f"({row}.`scheduled_for` <= NOW(6) AND NOT ("
+            f"EXISTS (SELECT 1 FROM {self.pause} WHERE `outbox` = '{self.label}')"
+            f" AND EXISTS (SELECT 1 FROM {self.pause} p"
+            f" WHERE p.`outbox` = '{self.label}' AND p.`shard_scope` = {row}.`shard_scope`"
+            " AND (p.`shard_identifier` IS NULL"
+            f" OR p.`shard_identifier` = {row}.`shard_identifier`)"
+            f"{region} AND (p.`category` IS NULL OR p.`category` = {row}.`category`))))"
+        )
+
     # --- Claiming shards
 
     def due_and_free(self, alias: str, json: bool = False) -> str:
-        """The shard of `alias` has a due head (its oldest pending row) and no live lease.
-        Dead rows are skipped: they never block."""
+        """The shard of `alias` has a due, unpaused head (its oldest pending row) and no
+        live lease. Dead rows are skipped: they never block."""
         return f"""
-            (SELECT h.`scheduled_for` <= NOW(6) FROM {self.table} h
+            (SELECT {self.ready("h")} FROM {self.table} h
                 WHERE {self.same_shard("h", alias, json)} AND h.`dead_at` IS NULL
                 ORDER BY h.`id` LIMIT 1)
             AND NOT EXISTS (SELECT 1 FROM {self.lease} l
@@ -206,7 +231,7 @@ class Statements:
         ]
         return (
             f"{alias}.`id`, {alias}.`category`, {alias}.`object_identifier`, {alias}.`attempts`,"
-            f" {alias}.`scheduled_for` <= NOW(6), {alias}.`payload`, {', '.join(times)},"
+            f" {self.ready(alias)}, {alias}.`payload`, {', '.join(times)},"
             f" {alias}.`delivered_to`, {alias}.`message_id`, {alias}.`headers`"
         )
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-from outbox.models import OutboxBase, ShardLease
+from outbox.models import OutboxBase, OutboxPause, ShardLease
 
 # The columns of a shard key as the lease table stores them.
 LEASE_KEY = ("region_name", "shard_scope", "shard_identifier")
@@ -67,6 +67,7 @@ class _Renderer:
     def __init__(self, model: type[OutboxBase]) -> None:
         self.table = quote(model._meta.db_table)
         self.lease = quote(ShardLease._meta.db_table)
+        self.pause = quote(OutboxPause._meta.db_table)
         self.label = model._meta.label_lower
         # Shard columns are named after their fields (the statements below rely on it).
         self.cols = [quote(name) for name in model.shard_fields]
@@ -86,6 +87,29 @@ class _Renderer:
             parts.insert(0, f'{row}."region_name" = {key}."region_name"')
         return " AND ".join(parts)
 
+    def paused(self, row: str) -> str:
+        """A pause (`outbox.models.pause`) covers `row`: an outbox row, or a key-shaped
+        alias that carries its head row's category. The first EXISTS names no row, so
+        PostgreSQL runs it once per statement (an InitPlan), and only when this table
+        has a pause at all are rows probed one by one: without a pause, a read of
+        thousands of rows costs one probe of an empty table, not thousands. The label is
+        inlined (a model label is an identifier): the statements keep their parameters."""
+        region = (
+            f'AND (p."region_name" IS NULL OR p."region_name" = {row}."region_name")'
+            if self.has_region
+            else ""
+        )
+        return f"""(EXISTS (SELECT FROM {self.pause} WHERE "outbox" = '{self.label}')
+            AND EXISTS (SELECT FROM {self.pause} p
+                WHERE p."outbox" = '{self.label}' AND p."shard_scope" = {row}."shard_scope"
+                  AND (p."shard_identifier" IS NULL
+                       OR p."shard_identifier" = {row}."shard_identifier") {region}
+                  AND (p."category" IS NULL OR p."category" = {row}."category")))"""
+
+    def ready(self, row: str) -> str:
+        """`row` may be delivered now: due, and no pause covers it."""
+        return f'({row}."scheduled_for" <= now() AND NOT {self.paused(row)})'
+
     def same_lease(self, lease: str, key: str) -> str:
         return " AND ".join(f'{lease}."{column}" = {key}."{column}"' for column in LEASE_KEY)
 
@@ -100,9 +124,9 @@ class _Renderer:
     # --- Finding the shards a claim takes
 
     def first_live_due(self, alias: str) -> str:
-        """The first live row of shard `alias` is due (NULL: the shard has none). Dead
-        rows are skipped: they never block."""
-        return f"""(SELECT o."scheduled_for" <= now() FROM {self.table} o
+        """The first live row of shard `alias` is due and not paused (NULL: the shard has
+        none). Dead rows are skipped: they never block."""
+        return f"""(SELECT {self.ready("o")} FROM {self.table} o
                     WHERE {self.same_shard("o", alias)} AND o."dead_at" IS NULL
                     ORDER BY o."id" LIMIT 1)"""
 
@@ -113,7 +137,7 @@ class _Renderer:
         first_live = self.first_live_due(alias)
         if head is not None:  # a live first row answers without another probe
             first_live = f"""CASE WHEN {head}."dead_at" IS NULL
-                THEN {head}."scheduled_for" <= now() ELSE {first_live} END"""
+                THEN {self.ready(head)} ELSE {first_live} END"""
         return f"""
             {first_live}
             AND (%(scopes)s::integer[] IS NULL OR {alias}."shard_scope" = ANY(%(scopes)s))
@@ -160,10 +184,10 @@ class _Renderer:
     def steps(self, name: str, bound: str) -> str:
         """The skip scan itself, as CTE `name`: the first row of each shard in key order."""
         cols, bounds = ", ".join(self.cols), self.bounds(bound)
-        head = 'o."scheduled_for", o."dead_at"'
+        head = 'o."scheduled_for", o."dead_at", o."category"'
         return f"""
             {name} AS (
-                (SELECT {cols}, "scheduled_for", "dead_at" FROM {self.table} o
+                (SELECT {cols}, "scheduled_for", "dead_at", "category" FROM {self.table} o
                  WHERE TRUE {bounds} ORDER BY {cols}, "id" LIMIT 1)
                 UNION ALL
                 SELECT step.* FROM {name} w CROSS JOIN LATERAL (
@@ -183,8 +207,9 @@ class _Renderer:
         cols = ", ".join(self.cols)
         return f"""
             walk AS (
-                SELECT DISTINCT ON ({cols}) {cols}, "scheduled_for", "dead_at" FROM (
-                    SELECT {self.row_cols("o")}, o."id", o."scheduled_for", o."dead_at"
+                SELECT DISTINCT ON ({cols}) {cols}, "scheduled_for", "dead_at", "category" FROM (
+                    SELECT {self.row_cols("o")}, o."id", o."scheduled_for", o."dead_at",
+                        o."category"
                     FROM {self.table} o WHERE TRUE {self.bounds(bound)}
                     ORDER BY {self.row_cols("o")}, o."id" LIMIT %(scan)s
                 ) o ORDER BY {cols}, "id"
@@ -200,7 +225,8 @@ class _Renderer:
         return f"""
             due AS (
                 SELECT k.*, lease."id" AS lease_id FROM (
-                    SELECT {self.key_of("w")}, w."scheduled_for", w."dead_at" FROM walk w
+                    SELECT {self.key_of("w")}, w."scheduled_for", w."dead_at", w."category"
+                    FROM walk w
                 ) k {self.lease_of("k")}
                 WHERE {self.due_filter("k", head="k")} AND {self.lease_free()}
                 LIMIT %(limit)s
@@ -427,7 +453,7 @@ class _Renderer:
         flag and its payload, so the statement needs no window to parse and plan (which
         cost a flush more than running it): `coalesce` cuts each shard at its first row
         not due and keeps each group's newest payload."""
-        return self.row_columns(timed, 'r."scheduled_for" <= now()', lambda value: value)
+        return self.row_columns(timed, self.ready("r"), lambda value: value)
 
     def row_columns(self, timed: bool, due: str, message: Callable[[str], str]) -> str:
         """Each row (`r`) as `coalesce` takes it: shard columns, id, category, object,
@@ -454,9 +480,9 @@ class _Renderer:
 
     def mark_cut(self, rows: str) -> str:
         """`rows` (of one or more shards), each marked whether it comes before its
-        shard's first row not yet due (`before_cut`)."""
+        shard's first row not yet due or paused (`before_cut`)."""
         return f"""
-                SELECT s.*, bool_and(s."scheduled_for" <= now())
+                SELECT s.*, bool_and({self.ready("s")})
                     OVER (PARTITION BY {self.row_cols("s")} ORDER BY s."id") AS before_cut
                 FROM ({rows}) s"""
 

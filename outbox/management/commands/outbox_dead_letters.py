@@ -18,17 +18,16 @@ is refused before anything changes."""
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import uuid
 from collections.abc import Iterator
 from typing import Any, cast
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.categories import registry
 from outbox.management.arguments import (
+    audit_user,
     category_value,
     database_alias,
     outbox_table,
@@ -36,7 +35,7 @@ from outbox.management.arguments import (
     whole_number,
 )
 from outbox.models import OutboxBase, OutboxQuerySet, outbox_models
-from outbox.models.audit import BY_CAUSE, BY_COMMAND, Audit, admin_log_installed, audited_chunks
+from outbox.models.audit import BY_CAUSE, BY_COMMAND, Audit, audited_chunks
 from outbox.models.causes import KEY_LENGTH, is_cause_key
 from outbox.models.dead_letter_groups import (
     DeadLetterGroup,
@@ -124,32 +123,7 @@ class Command(BaseCommand):
         """The pk of the user whose admin log entries retry or discard write (None: no
         entry), and the warning to give when none could be found. Refuses an unknown
         `--user`."""
-        named = options["user"]
-        if options["no_audit"]:
-            return None, ""
-        if not admin_log_installed():
-            if named is not None:
-                raise CommandError(
-                    "--user: django.contrib.admin is not installed, so there is no admin "
-                    "log to write; leave --user out."
-                )
-            return None, ""
-        if named is not None:
-            user = _user_named(named)
-            if user is None:
-                raise CommandError(
-                    f"--user: no user has the username {named!r}; nothing was changed."
-                )
-            return user.pk, ""
-        login = _login_name()
-        user = _user_named(login) if login else None
-        if user is not None:
-            return user.pk, ""
-        whose = f"no user has your login name {login!r}" if login else "you have no login name"
-        return None, (
-            f"No admin log entry will be written: no --user given, and {whose}. Name the "
-            "user to record with --user USERNAME, or say --no-audit."
-        )
+        return audit_user(options["user"], no_audit=options["no_audit"])
 
     def _reached(
         self, selections: list[OutboxQuerySet[Any]], causes: list[str]
@@ -261,20 +235,6 @@ def _change(rows: OutboxQuerySet[Any], discard: bool, auditor: Any, reach: str) 
             mine = table.filter(pk__in=[row.pk for row in chunk])
             done += mine.discard() if discard else mine.retry_dead()
     return done
-
-
-def _login_name() -> str:
-    """The OS login name (`getpass.getuser()`), or "" where the process has none."""
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):  # no name for the uid (3.13 raises OSError, before KeyError)
-        return ""
-
-
-def _user_named(username: str) -> Any:
-    """The Django user with this username (the user model's USERNAME_FIELD), or None."""
-    model = get_user_model()
-    return model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
 
 
 def _narrowed(options: dict[str, Any]) -> bool:

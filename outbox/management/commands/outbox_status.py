@@ -4,7 +4,8 @@ Per table and scope: rows, shards, due rows, lag (the oldest due row's age), fai
 rows (per table with the highest attempt among them and, when set, the limit
 `OUTBOX_MAX_ATTEMPTS`), dead letters, shards held / backing off / retry due (a back-off
 over, waiting for a drain: routine) / expired (a worker's lease ran out: stuck), and the
-worst shards with their last error; on PostgreSQL, vacuum health
+worst shards with their last error; what is paused (a scope line ends in "PAUSED" when
+the whole scope is, and one "paused:" line per pause names the part); on PostgreSQL, vacuum health
 (`outbox.health.vacuum`): each table's dead tuples and last vacuum, and per database the
 lease table's and the oldest transaction holding back vacuum (elsewhere it says "not
 available"). `--json` prints the same as JSON. Thresholds (`--max-lag`, `--max-dead`,
@@ -117,6 +118,15 @@ class Command(BaseCommand):
                 f"{scope['failing_rows']} failing, {scope['dead_letters']} dead, "
                 f"held {scope['held_shards']}, backing off {scope['backing_off_shards']}, "
                 f"retry due {scope['retry_due_shards']}, expired {scope['expired_shards']}"
+                f"{', PAUSED' if scope['paused'] else ''}"
+            )
+        for paused in table["paused"]:
+            by = f" by {paused['paused_by']}" if paused["paused_by"] else ""
+            reason = (
+                f": {one_line(paused['reason'], WORST_ERROR_CHARS)}" if paused["reason"] else ""
+            )
+            self.stdout.write(
+                f"    paused: {paused['part']} since {paused['paused_at']}{by}{reason}"
             )
         vacuum = table["vacuum"]
         self.stdout.write(
