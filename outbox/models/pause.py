@@ -51,11 +51,10 @@ class PausedPart:
         """`scope ORGANIZATION`, `category ORGANIZATION_UPDATE`, `shard eu/ORGANIZATION/3`."""
         if self.category is not None:
             return f"category {registry.category_name(self.category)}"
-        scope = registry.scope_name(self.shard_scope)
         if self.shard_identifier is None:
-            return f"scope {scope}"
-        region = f"{self.region_name}/" if self.region_name else ""
-        return f"shard {region}{scope}/{self.shard_identifier}"
+            return f"scope {registry.scope_name(self.shard_scope)}"
+        key = ShardKey(self.region_name or "", self.shard_scope, self.shard_identifier)
+        return f"shard {registry.shard_name(key)}"
 
     def lookups(self) -> dict[str, Any]:
         return {
