@@ -26,18 +26,17 @@ def lease_key(key: ShardKey) -> Q:
     )
 
 
-def paused(using: str, model: type[OutboxBase]) -> Exists:
+def paused(using: str, model: type[OutboxBase]) -> Q:
     """A pause (`outbox.models.pause`) covers the outer outbox row: its scope's, its
-    shard's or its category's (NULL columns of a pause match any value)."""
-    pauses = (
-        OutboxPause.objects.using(using)
-        .of(model)
-        .filter(
-            Q(shard_identifier__isnull=True) | Q(shard_identifier=OuterRef("shard_identifier")),
-            Q(category__isnull=True) | Q(category=OuterRef("category")),
-            shard_scope=OuterRef("shard_scope"),
-        )
+    shard's or its category's (NULL columns of a pause match any value). The first
+    EXISTS names no row, so the database runs it once per statement, and rows are
+    probed one by one only while this table has a pause at all (as the fast paths do)."""
+    of_table = OutboxPause.objects.using(using).of(model)
+    pauses = of_table.filter(
+        Q(shard_identifier__isnull=True) | Q(shard_identifier=OuterRef("shard_identifier")),
+        Q(category__isnull=True) | Q(category=OuterRef("category")),
+        shard_scope=OuterRef("shard_scope"),
     )
     if "region_name" in model.shard_fields:
         pauses = pauses.filter(Q(region_name__isnull=True) | Q(region_name=OuterRef("region_name")))
-    return Exists(pauses)
+    return Q(Exists(of_table)) & Q(Exists(pauses))
