@@ -624,6 +624,11 @@ class Drainer:
         has won nothing for `RACE_GIVE_UP_SECONDS`."""
         held = self._claims.held_by_others()
         if not held.count:
+            # Racing, the others let go between our claim and this look: one more claim
+            # finds what they left (and ends the drain if it finds nothing).
+            if self._race is not None and not self._race.last_claim:
+                self._race.last_claim = True
+                return True
             return False
         now = time.monotonic()
         race = self._race
@@ -760,6 +765,7 @@ class _Race:
     moved_at: float  # when it was seen to move (or first seen)
     since: float  # the first of these empty claims
     looks: int = 0
+    last_claim: bool = False  # the others held nothing at the last look: claimed once more
 
 
 # --- Every table, once --------------------------------------------------------------
