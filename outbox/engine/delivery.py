@@ -406,48 +406,68 @@ class _Route:
         # No receiver connected: never count that as delivered.
         if not receivers:
             raise NoReceiver(f"no receiver is connected for category {category.name}")
-        # Receiver ids are worked out only when needed (a retry, a failure): the happy
-        # path calls the receivers and nothing more.
-        succeeded: list[Callable[..., Any]] = []
-        errors: list[tuple[str, Exception]] = []
+        tally = _Tally(done, timings)
         for receiver, call in receivers:
-            if done and receiver_id(receiver) in done:
+            if tally.skips(receiver):
                 continue
-            started = time.perf_counter() if timings is not None else 0.0
+            started, error = tally.clock(), None
             try:
                 call(signal=signal, sender=category, **kwargs)
             except Exception as exc:
-                errors.append((receiver_id(receiver), exc))
-                if not robust:
-                    break
-            else:
-                succeeded.append(receiver)
-            finally:
-                if timings is not None:
-                    timings.append((receiver_id(receiver), time.perf_counter() - started))
-        _raise_failed(errors, done, succeeded)
+                error = exc
+            tally.ended(receiver, started, error)
+            if error is not None and not robust:
+                break
+        tally.raise_failed()
 
     async def asend(
         self, kwargs: dict[str, Any], done: frozenset[str], timings: list[tuple[str, float]] | None
     ) -> None:
         """`send` (robust) of an `awaitable` route, from a coroutine."""
         signal, category = self.signal, self.category
-        succeeded: list[Callable[..., Any]] = []
-        errors: list[tuple[str, Exception]] = []
+        tally = _Tally(done, timings)
         for receiver in self.async_receivers:
-            if done and receiver_id(receiver) in done:
+            if tally.skips(receiver):
                 continue
-            started = time.perf_counter()
+            started, error = tally.clock(), None
             try:
                 await _awaited(receiver, {"signal": signal, "sender": category, **kwargs})
             except Exception as exc:
-                errors.append((receiver_id(receiver), exc))
-            else:
-                succeeded.append(receiver)
-            finally:
-                if timings is not None:
-                    timings.append((receiver_id(receiver), time.perf_counter() - started))
-        _raise_failed(errors, done, succeeded)
+                error = exc
+            tally.ended(receiver, started, error)
+        tally.raise_failed()
+
+
+class _Tally:
+    """What one message's receivers did, one call after another: which were done before
+    (skipped), which succeeded, which raised what, and how long each took (where
+    `timings` is kept). Receiver ids are worked out only when needed (a retry, a
+    failure, timings)."""
+
+    __slots__ = ("done", "errors", "succeeded", "timings")
+
+    def __init__(self, done: frozenset[str], timings: list[tuple[str, float]] | None) -> None:
+        self.done = done
+        self.timings = timings
+        self.succeeded: list[Callable[..., Any]] = []
+        self.errors: list[tuple[str, Exception]] = []
+
+    def skips(self, receiver: Callable[..., Any]) -> bool:
+        return bool(self.done) and receiver_id(receiver) in self.done
+
+    def clock(self) -> float:
+        return time.perf_counter() if self.timings is not None else 0.0
+
+    def ended(self, receiver: Callable[..., Any], started: float, error: Exception | None) -> None:
+        if error is None:
+            self.succeeded.append(receiver)
+        else:
+            self.errors.append((receiver_id(receiver), error))
+        if self.timings is not None:
+            self.timings.append((receiver_id(receiver), time.perf_counter() - started))
+
+    def raise_failed(self) -> None:
+        _raise_failed(self.errors, self.done, self.succeeded)
 
 
 def _raise_failed(

@@ -176,29 +176,26 @@ class Waiter:
         """No listener: sleep until the deadline, a stop request or `wake()`."""
         slice_ = None if isinstance(self.stop, StopEvent) else _PLAIN_EVENT_SLICE
         while not self.stop.is_set():
-            if self._take_woken():
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
+            remaining = self._time_left(deadline)
+            if remaining is None or remaining <= 0:
+                return remaining is None
             self._woken.wait(remaining if slice_ is None else min(remaining, slice_))
         return False
 
-    def _take_woken(self) -> bool:
-        """Whether `wake()` was called since the last look (it is cleared)."""
-        if not self._woken.is_set():
-            return False
-        self._woken.clear()
-        return True
+    def _time_left(self, deadline: float) -> float | None:
+        """None when `wake()` was called since the last look (it is cleared); else the
+        seconds left before `deadline` (none left: 0 or less)."""
+        if self._woken.is_set():
+            self._woken.clear()
+            return None
+        return deadline - time.monotonic()
 
     def _listen(self, deadline: float) -> bool:
         assert self._wake is not None
         while not self.stop.is_set():
-            if self._take_woken():
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
+            remaining = self._time_left(deadline)
+            if remaining is None or remaining <= 0:
+                return remaining is None
             if len(self.connected) < len(self.listeners):  # try again to connect soon
                 remaining = min(remaining, max(self._retry_at - time.monotonic(), 0.0))
             if not isinstance(self.stop, StopEvent):  # a plain Event cannot interrupt

@@ -17,12 +17,12 @@ task of a Django Tasks worker process. Nothing runs while the setting is unset.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from outbox.conf import outbox_settings
 from outbox.engine import DrainWorker
 from outbox.health.liveness import LivenessFile
+from outbox.periodic import OnePerProcess, Periodic
 
 __all__ = [
     "TOUCH_SECONDS",
@@ -53,60 +53,37 @@ def overrun_drains(slack: float = TOUCH_SECONDS) -> list[DrainWorker]:
     ]
 
 
-class TaskLiveness:
+class TaskLiveness(Periodic):
     """Touches `path` every `every` seconds from a daemon thread while no drain of this
     process overran; a failure to touch is logged once, never raised."""
 
     def __init__(self, path: str, every: float = TOUCH_SECONDS) -> None:
+        super().__init__(every, "outbox-liveness")
         self.file = LivenessFile(path)
         self.every = every
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="outbox-liveness", daemon=True)
 
-    def start(self) -> TaskLiveness:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float | None = None) -> None:
-        self._stopped.set()
-        self._thread.join(timeout)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            if not overrun_drains(self.every):
-                self.file.touch()
-            self._stopped.wait(self.every)
+    def tick(self) -> None:
+        if not overrun_drains(self.every):
+            self.file.touch()
 
 
-_lock = threading.Lock()
-_liveness: TaskLiveness | None = None
+_liveness: OnePerProcess[TaskLiveness] = OnePerProcess()
 
 
 def start_task_liveness() -> TaskLiveness | None:
     """Start this process's liveness thread unless it runs already; None while
     OUTBOX_TASK_LIVENESS_FILE is unset."""
-    global _liveness
     path = outbox_settings.TASK_LIVENESS_FILE
     if not path:
         return None
-    with _lock:
-        if _liveness is None or not _liveness.is_alive():
-            _liveness = TaskLiveness(path).start()
-        return _liveness
+    return _liveness.start(lambda: TaskLiveness(path))
 
 
 def running_task_liveness() -> TaskLiveness | None:
     """This process's liveness thread, if one runs."""
-    return _liveness if _liveness is not None and _liveness.is_alive() else None
+    return _liveness.running()
 
 
 def stop_task_liveness(timeout: float | None = 5.0) -> None:
     """Stop this process's liveness thread (tests; a worker shutting down)."""
-    global _liveness
-    with _lock:
-        liveness, _liveness = _liveness, None
-    if liveness is not None:
-        liveness.stop(timeout)
+    _liveness.stop(timeout)

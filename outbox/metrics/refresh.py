@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from django.db import DatabaseError, connections
 from outbox.conf import outbox_settings
 from outbox.metrics.backlog import record_backlog
 from outbox.metrics.feed import installed
+from outbox.periodic import OnePerProcess, Periodic
 
 try:
     import fcntl
@@ -42,36 +42,19 @@ logger = logging.getLogger("outbox.metrics")
 LOCK_NAME = "outbox_gauges.lock"
 
 
-class RefreshTimer:
+class RefreshTimer(Periodic):
     """Reads the gauges every `interval` seconds in a daemon thread, until `stop()`."""
 
     def __init__(self, interval: float, using: str | None = None) -> None:
-        self.interval = interval
+        super().__init__(interval, "outbox-metrics-refresh")
         self.using = using
-        self._stopped = threading.Event()
         self._failing = False
-        self._thread = threading.Thread(
-            target=self._run, name="outbox-metrics-refresh", daemon=True
-        )
 
-    def start(self) -> RefreshTimer:
-        self._thread.start()
-        return self
+    def tick(self) -> None:
+        self.refresh()
 
-    def stop(self, timeout: float | None = None) -> None:
-        self._stopped.set()
-        self._thread.join(timeout)
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def _run(self) -> None:
-        try:
-            while not self._stopped.is_set():
-                self.refresh()
-                self._stopped.wait(self.interval)
-        finally:
-            connections.close_all()  # this thread's own connections
+    def closing(self) -> None:
+        connections.close_all()  # this thread's own connections
 
     def refresh(self) -> bool:
         """Read the gauges now unless another process of the same multiprocess directory
@@ -151,32 +134,23 @@ def _open(path: Path) -> int:
     return created
 
 
-_lock = threading.Lock()
-_timer: RefreshTimer | None = None
+_timer: OnePerProcess[RefreshTimer] = OnePerProcess()
 
 
 def start_refresh(using: str | None = None) -> RefreshTimer | None:
     """Start this process's timer unless it runs already; None when metrics are not
     installed or OUTBOX_METRICS_REFRESH_SECONDS is 0. Called by the drain tasks."""
-    global _timer
     interval = outbox_settings.METRICS_REFRESH_SECONDS
     if installed() is None or not interval:
         return None
-    with _lock:
-        if _timer is None or not _timer.is_alive():
-            _timer = RefreshTimer(interval, using).start()
-        return _timer
+    return _timer.start(lambda: RefreshTimer(interval, using))
 
 
 def running_timer() -> RefreshTimer | None:
     """This process's timer, if one runs."""
-    return _timer if _timer is not None and _timer.is_alive() else None
+    return _timer.running()
 
 
 def stop_refresh(timeout: float | None = 5.0) -> None:
     """Stop this process's timer (tests; a process that stops draining)."""
-    global _timer
-    with _lock:
-        timer, _timer = _timer, None
-    if timer is not None:
-        timer.stop(timeout)
+    _timer.stop(timeout)
