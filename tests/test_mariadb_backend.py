@@ -20,8 +20,8 @@ from django.utils import timezone
 import outbox.backends.mariadb.backend as mariadb
 import outbox.backends.mariadb.params as mariadb_params
 from outbox.backends.base import FailedGroup, Lease, Settlement, ShardFilter
-from outbox.backends.convert import decode_json
 from outbox.backends.mariadb.backend import MariaDBBackend
+from outbox.backends.reading import decode_json
 from outbox.backends.select import get_backend
 from outbox.engine import drain_outboxes
 from outbox.models import ControlOutbox, RegionOutbox, ShardLease

@@ -67,12 +67,23 @@ def native_class(using: str) -> type[OutboxBackend]:
     return _first_supporting(using, configured_backends())
 
 
-def _first_supporting(using: str, candidates: Sequence[type[OutboxBackend]]) -> type[OutboxBackend]:
+def _first_supporting(
+    using: str, candidates: tuple[type[OutboxBackend], ...]
+) -> type[OutboxBackend]:
+    """Asked once per database and candidates: a flush after every commit makes a
+    backend, and the answer depends only on the database's vendor and version."""
+    key = (using, candidates)
+    try:
+        return _chosen[key]
+    except KeyError:
+        pass
     connection = connections[using]
-    for backend in candidates:
-        if backend.supports(connection):
-            return backend
-    return PortableBackend
+    chosen = next((b for b in candidates if b.supports(connection)), PortableBackend)
+    _chosen[key] = chosen
+    return chosen
+
+
+_chosen: dict[tuple[str, tuple[type[OutboxBackend], ...]], type[OutboxBackend]] = {}
 
 
 def get_backend(using: str) -> OutboxBackend:

@@ -33,8 +33,6 @@ from outbox.backends.base import (
     ShardFilter,
     Window,
 )
-from outbox.backends.coalesce import coalesce
-from outbox.backends.convert import MessageReader
 from outbox.backends.mariadb.errors import is_lock_error
 from outbox.backends.mariadb.params import (
     attempt_documents,
@@ -45,6 +43,7 @@ from outbox.backends.mariadb.params import (
     ours,
 )
 from outbox.backends.mariadb.statements import REGION_COLLATIONS, Regions, Statements, statements
+from outbox.backends.reading import MessageReader, coalesce
 from outbox.models import OutboxBase, ShardLease
 from outbox.shards import ShardKey
 

@@ -13,7 +13,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from outbox.backends.base import FailedGroup, Lease
-from outbox.backends.convert import MessageReader
+from outbox.backends.reading import MessageReader
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 

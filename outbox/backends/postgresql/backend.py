@@ -30,8 +30,6 @@ from outbox.backends.base import (
     ShardFilter,
     Window,
 )
-from outbox.backends.coalesce import coalesce
-from outbox.backends.convert import MessageReader
 from outbox.backends.listener import WakeListener
 from outbox.backends.postgresql.errors import is_lock_error
 from outbox.backends.postgresql.insert import commit_with_last_insert
@@ -44,6 +42,7 @@ from outbox.backends.postgresql.params import (
 )
 from outbox.backends.postgresql.prepared import prepared_cursor
 from outbox.backends.postgresql.statements import Statements, statements
+from outbox.backends.reading import MessageReader, coalesce
 from outbox.cursors import CommitWithInsert
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
