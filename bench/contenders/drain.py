@@ -18,7 +18,7 @@ from typing import Any
 def run(budget: float) -> dict[str, Any]:
     from bench import receivers
     from outbox.engine import drain_outboxes
-    from outbox.engine.rounds import DrainStats
+    from outbox.engine.pipeline import DrainStats
     from outbox.models import RegionOutbox
 
     deadline = time.monotonic() + budget

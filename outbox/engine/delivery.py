@@ -87,7 +87,7 @@ from outbox.backends.base import FailedGroup, Group, Lease, OutboxBackend, Settl
 from outbox.categories import OutboxCategory, registry
 from outbox.conf import outbox_settings
 from outbox.engine.leases import Holding, retrying
-from outbox.engine.rounds import Round
+from outbox.engine.pipeline import Round
 from outbox.exceptions import NoReceiver, OutboxError, RetryLater
 from outbox.internals import has_async_receivers, live_receivers
 from outbox.models import OutboxBase

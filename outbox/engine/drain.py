@@ -98,8 +98,17 @@ from outbox.backends.base import HeldLeases, Lease, OutboxBackend, ShardFilter, 
 from outbox.conf import outbox_settings
 from outbox.engine.delivery import ShardDeliverer
 from outbox.engine.leases import Holding, LeaseKeeper, release_quietly, retrying
-from outbox.engine.pipeline import ClaimAhead, Claimed, SettleBehind, Unsettled, settle_round
-from outbox.engine.rounds import DrainStats, Round, cut_at_bounds, done_shards
+from outbox.engine.pipeline import (
+    ClaimAhead,
+    Claimed,
+    DrainStats,
+    Round,
+    SettleBehind,
+    Unsettled,
+    cut_at_bounds,
+    done_shards,
+    settle_round,
+)
 from outbox.engine.slots import KeptStragglers, SlotPool, Stragglers, deliver_window, on_slots
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase, outbox_models

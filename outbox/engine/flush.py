@@ -36,7 +36,7 @@ from outbox.backends.base import Group, Settlement
 from outbox.backends.portable import PortableBackend
 from outbox.conf import outbox_settings
 from outbox.engine.drain import Drainer
-from outbox.engine.rounds import DrainStats, cut_at_bounds
+from outbox.engine.pipeline import DrainStats, cut_at_bounds
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 

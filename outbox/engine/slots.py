@@ -81,8 +81,7 @@ from outbox.engine.delivery import (
     judge,
 )
 from outbox.engine.leases import Holding, LeaseKeeper
-from outbox.engine.pipeline import settle_round
-from outbox.engine.rounds import DrainStats, Round
+from outbox.engine.pipeline import DrainStats, Round, settle_round
 from outbox.exceptions import InvalidOutboxMessage, StuckReceivers
 from outbox.internals import live_receivers
 from outbox.models import OutboxBase

@@ -55,7 +55,7 @@ from outbox.backends.listener import ListenerLost, WakeListener
 from outbox.backends.select import listeners
 from outbox.conf import outbox_settings
 from outbox.engine.drain import Drainer, drain_outboxes
-from outbox.engine.rounds import DrainOutcome, DrainStats, StopRequest
+from outbox.engine.pipeline import DrainOutcome, DrainStats, StopRequest
 from outbox.engine.slots import KeptStragglers, SlotPool, kept_slots
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase, outbox_models
