@@ -18,10 +18,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import outbox.backends.mariadb.backend as mariadb
-import outbox.backends.mariadb.params as mariadb_params
+import outbox.backends.mariadb.statements as mariadb_statements
 from outbox.backends.base import FailedGroup, Lease, Settlement, ShardFilter
 from outbox.backends.mariadb.backend import MariaDBBackend
-from outbox.backends.reading import decode_json
+from outbox.backends.window import decode_json
 from outbox.backends.select import get_backend
 from outbox.engine import drain_outboxes
 from outbox.models import ControlOutbox, RegionOutbox, ShardLease
@@ -171,7 +171,7 @@ def test_settle_deletes_the_rows_of_held_shards_and_reports_the_lost_one():
 def test_failures_go_in_documents_of_bounded_size(monkeypatch):
     """The failures of a wide batch, each with a traceback of up to 24 kB, would overflow
     max_allowed_packet in one statement: they are recorded in chunks."""
-    monkeypatch.setattr(mariadb_params, "DOCUMENT_CHARS", 100)
+    monkeypatch.setattr(mariadb_statements, "DOCUMENT_CHARS", 100)
     rows = {
         shard: [RegionOutboxFactory(shard_identifier=shard, object_identifier=7) for _ in (1, 2)]
         for shard in (1, 2, 3)

@@ -16,10 +16,10 @@ from tests.testapp.categories import Category, Scope
 
 pytestmark = committing
 
-# Modules crossed on 2026-11-29, per database vendor (PostgreSQL's fast path 29, its
-# portable path 30; MariaDB 29; SQLite 30), one more for what an environment adds (an
+# Modules crossed on 2026-11-29, per database vendor (PostgreSQL's fast path 28, its
+# portable path 29; MariaDB 27; SQLite 29), one more for what an environment adds (an
 # installed extra, another Django); the goal is 12.
-CEILING = {"postgresql": 31, "mysql": 30, "sqlite": 31}
+CEILING = {"postgresql": 30, "mysql": 28, "sqlite": 30}
 
 
 def modules_crossed(identifier: int) -> set[str]:

@@ -41,7 +41,7 @@ from outbox.backends.base import (
 from outbox.backends.conditions import any_of, lease_key, paused
 from outbox.backends.mariadb.errors import is_lock_error as mariadb_lock_error
 from outbox.backends.postgresql.errors import is_lock_error as postgresql_lock_error
-from outbox.backends.reading import coalesce
+from outbox.backends.window import coalesce
 from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet
 from outbox.shards import ShardKey
 

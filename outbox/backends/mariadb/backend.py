@@ -34,16 +34,19 @@ from outbox.backends.base import (
     Window,
 )
 from outbox.backends.mariadb.errors import is_lock_error
-from outbox.backends.mariadb.params import (
+from outbox.backends.mariadb.statements import (
+    REGION_COLLATIONS,
+    Regions,
+    Statements,
     attempt_documents,
     back_off_document,
     key_json,
     message_reader,
     micros,
     ours,
+    statements,
 )
-from outbox.backends.mariadb.statements import REGION_COLLATIONS, Regions, Statements, statements
-from outbox.backends.reading import MessageReader, coalesce
+from outbox.backends.window import MessageReader, coalesce
 from outbox.models import OutboxBase, ShardLease
 from outbox.shards import ShardKey
 

@@ -34,15 +34,16 @@ from outbox.backends.listener import WakeListener
 from outbox.backends.postgresql.errors import is_lock_error
 from outbox.backends.postgresql.insert import commit_with_last_insert
 from outbox.backends.postgresql.notify import Listener, channel, notifies, sync_triggers
-from outbox.backends.postgresql.params import (
+from outbox.backends.postgresql.prepared import prepared_cursor
+from outbox.backends.postgresql.statements import (
+    Statements,
     bound_params,
     claim_params,
     key_arrays,
     settle_params,
+    statements,
 )
-from outbox.backends.postgresql.prepared import prepared_cursor
-from outbox.backends.postgresql.statements import Statements, statements
-from outbox.backends.reading import MessageReader, coalesce
+from outbox.backends.window import MessageReader, coalesce
 from outbox.cursors import CommitWithInsert
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
