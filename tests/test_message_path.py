@@ -16,10 +16,10 @@ from tests.testapp.categories import Category, Scope
 
 pytestmark = committing
 
-# Modules crossed on 2026-11-29, per database vendor (PostgreSQL's fast path 28, its
-# portable path 29; MariaDB 27; SQLite 29), one more for what an environment adds (an
+# Modules crossed on 2026-11-29, per database vendor (PostgreSQL's fast path 27, its
+# portable path 28; MariaDB 26; SQLite 28), one more for what an environment adds (an
 # installed extra, another Django); the goal is 12.
-CEILING = {"postgresql": 30, "mysql": 28, "sqlite": 30}
+CEILING = {"postgresql": 29, "mysql": 27, "sqlite": 29}
 
 
 def modules_crossed(identifier: int) -> set[str]:

@@ -30,8 +30,7 @@ from django.db.models import signals
 from django.db.transaction import Atomic
 
 import outbox.internals as internals
-from outbox.writes.announce import announce_saved
-from outbox.writes.hooks import layers_above
+from outbox.writes.hooks import announce_saved, layers_above
 from outbox.writes.insert import Snapshot, insert
 
 if TYPE_CHECKING:

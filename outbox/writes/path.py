@@ -16,7 +16,7 @@ from django.db import models
 
 from outbox.models import OutboxBase, WritePath
 from outbox.writes import context
-from outbox.writes.announce import announce_saved
+from outbox.writes.hooks import announce_saved
 
 _Row = TypeVar("_Row", bound=models.Model)
 
