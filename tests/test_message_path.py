@@ -16,10 +16,10 @@ from tests.testapp.categories import Category, Scope
 
 pytestmark = committing
 
-# Modules crossed on 2026-11-29, per database vendor (PostgreSQL's fast path 27, its
-# portable path 28; MariaDB 26; SQLite 28), one more for what an environment adds (an
+# Modules crossed on 2026-11-29, per database vendor (PostgreSQL's fast path 26, its
+# portable path 27; MariaDB 25; SQLite 27), one more for what an environment adds (an
 # installed extra, another Django); the goal is 12.
-CEILING = {"postgresql": 29, "mysql": 27, "sqlite": 29}
+CEILING = {"postgresql": 28, "mysql": 26, "sqlite": 28}
 
 
 def modules_crossed(identifier: int) -> set[str]:
