@@ -19,7 +19,7 @@ from outbox.engine import drain_outboxes
 from outbox.health import Thresholds, backlog, check, statuses
 from outbox.health.snapshot import table_status
 from outbox.models import RegionOutbox
-from outbox.writes.pending import _FAILURE_MESSAGES
+from outbox.writes.context import _FAILURE_MESSAGES
 from tests.conftest import committing
 
 ROOT = Path(__file__).resolve().parent.parent
