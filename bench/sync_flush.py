@@ -8,7 +8,7 @@ difference is commit + flush: lease the shard and read it (one statement on Post
 call. Shards rotate over 100 identifiers; every flush must have delivered its row before
 the next iteration. It is measured twice: with Django's defaults, and on a connection
 whose OPTIONS set `prepare_threshold` (the engine then prepares its statements, and the
-claim is planned once: `outbox/backends/postgresql/prepared.py`).
+claim is planned once: `outbox/backends/postgresql/backend.py`).
 
 Its floor, measured in the same run and in alternating blocks: psycopg alone on its own
 connection, the same row INSERTed and COMMITted, then the leased floor's claim + read
