@@ -822,7 +822,7 @@ class ShardDeliverer:
                     return False
                 if time.monotonic() - holding.renewed_at >= overdue_after:
                     self._confirm_lease(holding)
-                if shard in holding.lost:
+                if holding.lost and shard in holding.lost:  # an empty set: no hashing
                     round_.lost.add(shard)
                     break
                 if group.message is None:
@@ -907,7 +907,12 @@ class ShardDeliverer:
         round_.receiver_calls += 1
         round_.groups_delivered += 1
         if not retired_inline:
-            round_.delivered.setdefault(group.shard, []).extend(group.row_ids)
+            # Not `setdefault(shard, [])`: that makes a list per call, kept or not.
+            delivered = round_.delivered.get(group.shard)
+            if delivered is None:
+                round_.delivered[group.shard] = list(group.row_ids)
+            else:
+                delivered.extend(group.row_ids)
         if self.report_processed:
             self._processed(group, started, self.calls)
         return True
