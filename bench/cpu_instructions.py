@@ -154,7 +154,7 @@ def _markdown(
         "## Drain instructions per message: the head against a baseline commit",
         "",
         f"`valgrind --tool=callgrind`, two drains less one, per message; baseline "
-        f"{baseline.label}, head {head.label}; load {load_start[0]:.1f} → {load_end[0]:.1f} "
+        f"{baseline.label}, {head.label}; load {load_start[0]:.1f} → {load_end[0]:.1f} "
         "(instruction counts do not depend on it).",
         "",
         "| shape | concurrency | receiver | baseline | head | head ÷ baseline |",
