@@ -11,7 +11,7 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 
 from outbox.categories import registry
 from outbox.exceptions import InvalidOutboxMessage
@@ -94,6 +94,24 @@ def category_value(name: str) -> int:
 def _listed(values: Iterable[int], name: Callable[[int], str]) -> str:
     """`ORGANIZATION (0), USER (1)`: the values, in order, each with its declared name."""
     return ", ".join(f"{name(value)} ({value})" for value in sorted(values)) or "none declared"
+
+
+def add_audit_arguments(
+    parser: CommandParser, actions: str, *, per: str = "", note: str = ""
+) -> None:
+    """`--user USERNAME` and `--no-audit`, for a command whose `actions` write admin log
+    entries (one `per` what, where given; `note`: a last word on the default)."""
+    audit = parser.add_mutually_exclusive_group()
+    audit.add_argument(
+        "--user", metavar="USERNAME",
+        help=f"{actions}: the user the admin log names{per}; an unknown one is refused "
+        "before anything changes. Default: the user named as your OS login name; where "
+        f"none is, the command acts and warns that it wrote no entry{note}.",
+    )  # fmt: skip
+    audit.add_argument(
+        "--no-audit", action="store_true",
+        help=f"{actions}: write no admin log entry, and no warning about it.",
+    )  # fmt: skip
 
 
 def audit_user(named: str | None, *, no_audit: bool) -> tuple[Any, str]:

@@ -27,6 +27,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.categories import registry
 from outbox.management.arguments import (
+    add_audit_arguments,
     audit_user,
     category_value,
     database_alias,
@@ -74,16 +75,10 @@ class Command(BaseCommand):
         parser.add_argument("--group", action="store_true",
                             help="list: group the dead letters by cause.")  # fmt: skip
         parser.add_argument("--json", action="store_true", help="list: print JSON.")
-        audit = parser.add_mutually_exclusive_group()
-        audit.add_argument("--user", metavar="USERNAME",
-                           help="retry, discard: the user the admin log names, one entry per "
-                           "dead letter; an unknown one is refused before anything changes. "
-                           "Default: the user named as your OS login name; where none is, "
-                           "the command acts and warns that it wrote no entry (the audit "
-                           "never blocks a retry, nor an older script).")  # fmt: skip
-        audit.add_argument("--no-audit", action="store_true",
-                           help="retry, discard: write no admin log entry, and no warning "
-                           "about it.")  # fmt: skip
+        add_audit_arguments(
+            parser, "retry, discard", per=", one entry per dead letter",
+            note=" (the audit never blocks a retry, nor an older script)",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
         _check_numbers(options)

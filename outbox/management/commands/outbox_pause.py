@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router, transaction
 
 from outbox.management.arguments import (
+    add_audit_arguments,
     audit_user,
     category_value,
     database_alias,
@@ -49,14 +50,7 @@ class Command(BaseCommand):
                             help="Database alias to use; default: each table's own.")  # fmt: skip
         parser.add_argument("--reason", default="", help="pause: why, for the record.")
         parser.add_argument("--json", action="store_true", help="list: print JSON.")
-        audit = parser.add_mutually_exclusive_group()
-        audit.add_argument("--user", metavar="USERNAME",
-                           help="pause, resume: the user the admin log names; an unknown one "
-                           "is refused before anything changes. Default: the user named as "
-                           "your OS login name; where none is, the command acts and warns "
-                           "that it wrote no entry.")  # fmt: skip
-        audit.add_argument("--no-audit", action="store_true", help="pause, resume: write "
-                           "no admin log entry, and no warning.")  # fmt: skip
+        add_audit_arguments(parser, "pause, resume")
 
     def handle(self, *args: Any, **options: Any) -> None:
         alias = database_alias(options["database"])
