@@ -85,6 +85,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="turn the engine's PostgreSQL fast path off (OUTBOX_FAST_PATH)",
     )
     parser.add_argument(
+        "--receiver",
+        choices=("count", "kwargs"),
+        default="count",
+        help="the drained categories' receiver, and the raw loops' per-row call: one that "
+        "counts its calls (default), or one that reads every keyword argument it gets",
+    )
+    parser.add_argument(
         "--no-procrastinate",
         action="store_true",
         help="leave procrastinate out even if it is installed",
@@ -102,6 +109,7 @@ def configure(args: argparse.Namespace) -> None:
     os.environ.setdefault("OUTBOX_BENCH_DB", default_db)
     os.environ["OUTBOX_BENCH_BATCH_ROWS"] = str(args.batch_rows)
     os.environ["OUTBOX_BENCH_BATCH_SHARDS"] = str(args.batch_shards)
+    os.environ["OUTBOX_BENCH_RECEIVER"] = args.receiver
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
     if args.portable:
         os.environ["OUTBOX_BENCH_FAST_PATH"] = "0"

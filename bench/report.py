@@ -76,6 +76,7 @@ def header(mode: str, batch_rows: int, batch_shards: int, budget: float) -> dict
         "batch_rows": batch_rows,
         "batch_shards": batch_shards,
         "drain_budget_seconds": budget,
+        "receiver": os.environ.get("OUTBOX_BENCH_RECEIVER", "count"),
         "versions": {
             "python": platform.python_version(),
             "django": _version("django"),
@@ -221,7 +222,13 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         f"Batch: {data['batch_rows']} rows, {data['batch_shards']} shards, for every contender "
         f"that batches. Each drain may run {data['drain_budget_seconds']:.0f} s; `*` marks a "
-        "drain stopped there (its rate is what it retired in that time).",
+        "drain stopped there (its rate is what it retired in that time). Receivers: "
+        + (
+            "each reads every keyword argument it gets (`--receiver kwargs`), and the raw "
+            "loop's call per row reads the row's columns by keyword."
+            if data.get("receiver") == "kwargs"
+            else "each only counts its calls."
+        ),
     ]
     shapes = data.get("shapes", {})
     if shapes:

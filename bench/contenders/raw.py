@@ -4,7 +4,9 @@ A plain psycopg loop in autocommit: each statement claims the next `batch_rows` 
 in id order (`FOR UPDATE SKIP LOCKED`), deletes them and returns them; a trivial
 function is called per row. No Django, no shards, no leases, no coalescing, no
 ordering guarantee beyond id order: an upper bound no outbox can reach, to see how much
-of it the engine's bookkeeping costs.
+of it the engine's bookkeeping costs. With `--receiver kwargs` the function gets the row's
+columns by keyword and reads each (`bench.receivers.read_columns`), as the engine's
+receivers then read their keyword arguments.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ def _receive(*row: Any) -> None:
     """The raw loop's receiver: does nothing, like the bench receivers."""
 
 
+COLUMNS = ("id", "shard_scope", "shard_identifier", "category", "object_identifier", "payload")
+
+
 def run(budget: float, batch_rows: int) -> dict[str, Any]:
+    from bench.receivers import KWARGS, read_columns
     from outbox.models import RegionOutbox
 
     table = RegionOutbox._meta.db_table
@@ -41,8 +47,12 @@ def run(budget: float, batch_rows: int) -> dict[str, Any]:
             if not batch:
                 complete = True
                 break
-            for row in batch:
-                _receive(*row)
+            if KWARGS:
+                for row in batch:
+                    read_columns(**dict(zip(COLUMNS, row, strict=True)))
+            else:
+                for row in batch:
+                    _receive(*row)
             rows += len(batch)
     return {
         "rows_retired": rows,
