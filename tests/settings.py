@@ -86,6 +86,10 @@ OUTBOX_LEASE_SECONDS = 30.0
 # The suite pins batches and statements of a drain on its own thread, as
 # `--concurrency 1` runs it; tests/test_slots.py covers delivery on slot threads.
 OUTBOX_CONCURRENCY = 1
+# No drain beacon: a thread of its own writing to the test databases would outlive the
+# tests that start a drain. The tests of the beacon turn it on, in a subprocess or with
+# the beacon stopped before they end (tests/test_drain_processes.py).
+OUTBOX_DRAIN_BEACON_SECONDS = 0
 
 # Tests that start worker processes (Celery, drain_outboxes) point them at the test
 # databases pytest created ("default=test_outbox,control=test_outbox_control"), and may

@@ -204,3 +204,25 @@ def test_prompt_drain_delivers_without_waiting_for_beat(queue, processes, tmp_pa
     )
     assert latencies[-1] < 5, latencies
     print(f"prompt drain latency: median {latencies[10]:.3f}s, max {latencies[-1]:.3f}s")
+
+
+def test_a_pool_process_is_a_live_drain_from_its_first_outbox_task(queue, processes, tmp_path):
+    """Its beacon starts with the first outbox task it runs (here beat's schedule_drains)
+    and deletes its records as the pool process shuts down (warm shutdown)."""
+    from outbox.models import OutboxDrainProcess
+
+    env = worker_env(
+        OUTBOX_CELERY_QUEUE=queue,
+        OUTBOX_CELERY_SCHEDULE_SECONDS=0.5,
+        OUTBOX_DRAIN_BEACON_SECONDS=30.0,  # a record that would outlive the test
+    )
+    worker = celery_worker("beacon", queue, tmp_path, env, beat=True, concurrency=1)
+    processes.append(worker)
+    records = OutboxDrainProcess.objects.filter(kind="celery")
+    wait_until(records.exists, timeout=20, message=worker.output())
+    [record] = records
+    assert record.pid != worker.pid  # the pool process that ran the task
+    assert OutboxDrainProcess.objects.using("control").get().pid == record.pid
+    worker.terminate()
+    assert not OutboxDrainProcess.objects.using("default").exists(), worker.output()
+    assert not OutboxDrainProcess.objects.using("control").exists()

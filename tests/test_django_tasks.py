@@ -111,3 +111,21 @@ def test_db_worker_sigterm_stops_the_drain_gracefully(settings, tmp_path):
     assert 2 <= delivered < 20
     assert RegionOutbox.objects.count() == 20 - delivered  # the in-flight one finished
     assert not ShardLease.objects.exists()
+
+
+def test_the_first_outbox_task_of_a_process_records_it_as_a_live_drain(settings):
+    from outbox.health.beacon import running_beacon, stop_drain_beacon
+    from outbox.models import OutboxDrainProcess
+
+    settings.OUTBOX_DRAIN_BEACON_SECONDS = 30.0
+    try:
+        django_tasks.enqueue(django_tasks.drain_all)
+        beacon = running_beacon()
+        assert beacon is not None and beacon.kind == "django-tasks"
+        for alias in ("default", "control"):
+            records = OutboxDrainProcess.objects.using(alias).filter(kind="django-tasks")
+            wait_until(records.exists, timeout=10)
+    finally:
+        stop_drain_beacon()
+    assert not OutboxDrainProcess.objects.using("default").exists()
+    assert not OutboxDrainProcess.objects.using("control").exists()

@@ -14,9 +14,13 @@ this module only shapes them for the template, with a few bounded queries of its
   expire (stuck), leases held longer than the receiver deadline (a long batch or a hung
   call), and shards with live failing rows (backing off or retry due), each with its
   last error; dead letters are counted apart;
-- `drain_activity`: what the leases tell of the drains. No drain records a heartbeat in
-  the database, so the page says what it knows (a lease renewed within the lease
-  length, the last claim, how long retry-due shards have waited) and never more;
+- `live_drains`: the drain processes alive in the table's database, as their beacons
+  record them (`outbox.health.beacon`): each with its uptime, last beat, rows in the
+  last minute and calls running, the longest call in the warning colour from
+  `LONG_CALL_SECONDS` (failing when calls were given up at the timeout); none alive is
+  said in the failing colour;
+- `drain_activity`: what the leases tell of the drains besides (a lease renewed within
+  the lease length, the last claim, how long retry-due shards have waited);
 - `state_of`: ok / warning / failing for the colour and the word of each line; a
   paused scope's line says paused (in the warning colour) unless it is failing;
 - `pauses`: what is paused in the table (`outbox.models.pause`), each with what the
@@ -39,11 +43,15 @@ from outbox.admin.causes import url_name
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.exceptions import InvalidOutboxMessage
+from outbox.health.beacon import live_drains
 from outbox.health.snapshot import table_status
 from outbox.models import OutboxBase, ShardLease
 
 # Failing shards listed per table.
 FAILING_SHARDS = 10
+
+# A receiver call running this long is shown in the warning colour.
+LONG_CALL_SECONDS = 5.0
 
 # Dashboard column: key in a table_status scope entry.
 SCOPE_COLUMNS = {
@@ -79,12 +87,20 @@ def dashboard_tables(
     models: Iterable[type[OutboxBase]], site_name: str = "admin"
 ) -> list[dict[str, Any]]:
     """The figures of each table of `models`, in that order."""
-    return [table_figures(model, site_name) for model in models]
+    drains: dict[str, list[dict[str, Any]]] = {}  # by database, read once each
+    return [table_figures(model, site_name, drains) for model in models]
 
 
-def table_figures(model: type[OutboxBase], site_name: str = "admin") -> dict[str, Any]:
+def table_figures(
+    model: type[OutboxBase],
+    site_name: str = "admin",
+    drains: dict[str, list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
     status = table_status(model)
     alias = status["database"]
+    drains = {} if drains is None else drains
+    if alias not in drains:
+        drains[alias] = [drain_figures(drain) for drain in live_drains(alias)]
     lists = {
         "rows": reverse(f"{site_name}:{url_name(model._meta, 'changelist')}"),
         "leases": reverse(f"{site_name}:outbox_shardlease_changelist"),
@@ -112,6 +128,8 @@ def table_figures(model: type[OutboxBase], site_name: str = "admin") -> dict[str
         "failing_shards": failing_shards(model, alias, lists["rows"]),
         "causes": reverse(f"{site_name}:{url_name(model._meta, 'causes')}"),
         "drains": drain_activity(model, alias),
+        "live_drains": drains[alias],
+        "drains_recorded": bool(outbox_settings.DRAIN_BEACON_SECONDS),
         "pauses": status["paused"],
     }
     figures["state"] = state_of(figures)
@@ -233,6 +251,24 @@ def drain_activity(model: type[OutboxBase], alias: str) -> dict[str, Any]:
         "last_claim": age(_seconds(now, last_claim)) if last_claim else "",
         "retry_due": retry_due["n"],
         "retry_due_for": age(_seconds(now, retry_due["since"])) if retry_due["since"] else "",
+    }
+
+
+def drain_figures(drain: dict[str, Any]) -> dict[str, Any]:
+    """One live drain (`live_drains`) as the page shows it, with the state of its
+    longest call: failing when calls were given up, warning from LONG_CALL_SECONDS."""
+    longest = drain["longest_call_seconds"]
+    state = ""
+    if drain["stuck_calls"]:
+        state = FAILING
+    elif longest is not None and longest >= LONG_CALL_SECONDS:
+        state = WARNING
+    return {
+        **drain,
+        "up": age(drain["up_seconds"]),
+        "beat": age(drain["beat_seconds_ago"]),
+        "longest": age(longest) if longest is not None else "",
+        "state": state,
     }
 
 

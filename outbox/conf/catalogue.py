@@ -272,6 +272,18 @@ class OutboxSettings:
         "checks its age. None (the default): no file.",
         kind=str,
     )
+    DRAIN_BEACON_SECONDS: Setting[float] = Setting(
+        10.0,
+        "How often a long-running drain (`drain_outboxes --loop`, a Celery or Django Tasks "
+        "worker process that ran an outbox task) records itself in the drain process table "
+        "of each database it drains, from a thread of its own: host, pid, last beat, rows "
+        "retired in the last minute, receiver calls running and the longest one. "
+        "`outbox_status` and the admin dashboard list the live drains; a drain that misses "
+        "three beats is no longer listed (and, in Prometheus' multiprocess mode, its gauges "
+        "are withdrawn). A drain that stops cleanly removes its record at once. 0: no "
+        "record (the drains are then not listed).",
+        at_least=0,
+    )
     METRICS_REFRESH_SECONDS: Setting[float] = Setting(
         30.0,
         "How often a Celery or Django Tasks worker that ran a drain reads the backlog and "

@@ -42,9 +42,11 @@ class Holding:
     # A straggler's task (`outbox.engine.delivery`), whose calls the deadline watches
     # instead of `receiver_started`.
     call: Any = None
+    group: Any = None  # the group of the call running now, for `slots.running_calls`
 
     def begin_call(self, group: object) -> float:
         """A receiver call starts (the drain's own thread): the keeper watches it."""
+        self.group = group
         started = self.receiver_started = time.monotonic()
         return started
 
@@ -96,6 +98,11 @@ class LeaseKeeper:
     def drop(self, holding: Holding) -> None:
         with self._lock:
             self._holdings.discard(holding)
+
+    def holdings(self) -> list[Holding]:
+        """The leases held now (read-only: the calls running, for the drain's beacon)."""
+        with self._lock:
+            return list(self._holdings)
 
     def _run(self) -> None:
         while True:

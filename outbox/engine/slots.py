@@ -58,10 +58,12 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from django.db import connections
 
@@ -89,6 +91,11 @@ from outbox.shards import ShardKey
 from outbox.signals import receiver_id
 
 # --- One window's shards, queued for the slots --------------------------------------
+
+# The windows and pools of this process, weakly: where `running_calls` finds the calls.
+_live_lock = threading.Lock()
+_live_windows: weakref.WeakSet[WindowRun] = weakref.WeakSet()
+_live_pools: weakref.WeakSet[SlotPool] = weakref.WeakSet()
 
 # How many queued shards the bulk task takes at once.
 RESERVE = 32
@@ -127,6 +134,8 @@ class WindowRun:
         self._unfinished = len(shards) + (self.bulk is not None)
         if not self._unfinished:  # a window whose shards had nothing left to read
             self.done.set()
+        with _live_lock:
+            _live_windows.add(self)  # its calls, for `running_calls`
 
     def work(self) -> None:
         """On a slot: deliver queued shards until none is left."""
@@ -347,6 +356,49 @@ def _count_stuck(key: object, change: int) -> int:
         return _stuck_in_process[key]
 
 
+@dataclass(frozen=True)
+class RunningCall:
+    """A receiver call running in this process now: its shard and category, for how
+    long, and whether it was given up at the timeout (its thread stuck in it)."""
+
+    shard: ShardKey
+    category: int | None
+    seconds: float
+    given_up: bool = False
+
+
+def running_calls() -> list[RunningCall]:
+    """The receiver calls running in this process now, longest first. Read-only and
+    without the database, from what the engine keeps anyway: the leases the keeper
+    holds (calls on a drain's own thread, stragglers), the live windows' slot tasks and
+    the pools' calls given up."""
+    with _live_lock:
+        windows, pools = list(_live_windows), list(_live_pools)
+    calls: dict[int, tuple[Holding | ShardTask, bool]] = {}
+    for holding in LeaseKeeper.get().holdings():
+        calls[id(holding.call or holding)] = (holding.call or holding, False)
+    for window in windows:
+        with window.lock:
+            running = list(window.running)
+        calls.update((id(task), (task, False)) for task in running)
+    for pool in pools:
+        with pool._lock:
+            given_up = list(pool.given_up.values())
+        calls.update((id(task), (task, True)) for task in given_up)
+    now = time.monotonic()
+    found = []
+    for call, given in calls.values():
+        started, group = call.receiver_started, call.group
+        if started is None:
+            continue
+        shard = group.shard if group is not None else getattr(call, "shard", None)
+        if shard is None:
+            continue
+        category = group.category if group is not None else None
+        found.append(RunningCall(shard, category, max(now - started, 0.0), given))
+    return sorted(found, key=lambda call: -call.seconds)
+
+
 class SlotPool:
     """Up to `size` slot threads; a thread whose call was given up is replaced."""
 
@@ -359,8 +411,11 @@ class SlotPool:
         self._threads: set[threading.Thread] = set()
         # What to call when a given-up call returns, by the thread that ran it.
         self._on_return: dict[threading.Thread, tuple[object, Callable[[int], None]]] = {}
+        self.given_up: dict[threading.Thread, ShardTask] = {}  # their tasks
         self._idle = 0
         self._lock = threading.Lock()
+        with _live_lock:
+            _live_pools.add(self)
 
     def help(self, run: WindowRun, slots: int) -> None:
         """Have `slots` slots (at most the pool's size) work on `run`."""
@@ -406,6 +461,7 @@ class SlotPool:
             with self._lock:
                 self.stuck -= 1
                 key, on_return = self._on_return.pop(threading.current_thread())
+                self.given_up.pop(threading.current_thread(), None)
             on_return(_count_stuck(key, -1))
         finally:
             with self._lock:
@@ -423,6 +479,7 @@ class SlotPool:
             # The thread ends when the call returns; a new one may take its place now.
             self._threads.discard(thread)
             self._on_return[thread] = (key, on_return)
+            self.given_up[thread] = task
         return _count_stuck(key, 1)
 
 

@@ -287,6 +287,9 @@ class DrainWorker:
     # reaches a pool process as a signal, and that handler has no other way to find the
     # drains of the tasks running there. Weak, so a finished worker is never kept.
     _running: ClassVar[weakref.WeakSet[DrainWorker]] = weakref.WeakSet()
+    # Rows retired by this process's finished runs (`rows_retired`).
+    _retired_before: ClassVar[int] = 0
+    _retired_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(
         self,
@@ -344,6 +347,13 @@ class DrainWorker:
         return tuple(cls._running)
 
     @classmethod
+    def rows_retired(cls) -> int:
+        """Rows retired by the drains of this process since it started: the finished
+        runs' and, as of their last round, the running ones' (the drain's beacon)."""
+        with cls._retired_lock:
+            return cls._retired_before + sum(w._total.rows_retired for w in tuple(cls._running))
+
+    @classmethod
     def stop_all(cls) -> None:
         """Request a stop of every worker running in this process; signal-handler safe."""
         for worker in tuple(cls._running):
@@ -384,6 +394,7 @@ class DrainWorker:
         started = self.started_at = time.monotonic()
         deadline = started + self.max_seconds if self.max_seconds else None
         self._result = None
+        self._total = DrainStats()
         thread = threading.Thread(
             target=self._drain_thread, args=(deadline,), name="outbox-drain", daemon=True
         )
@@ -394,7 +405,9 @@ class DrainWorker:
             thread.start()
             outcome = self._wait(thread, deadline)
         finally:
-            DrainWorker._running.discard(self)
+            with DrainWorker._retired_lock:
+                DrainWorker._retired_before += self._total.rows_retired
+                DrainWorker._running.discard(self)
         if isinstance(self._result, BaseException) and not outcome.abandoned:
             raise self._result
         if isinstance(self._result, DrainStats) and not outcome.abandoned:
@@ -460,7 +473,7 @@ class DrainWorker:
         try:
             stats = self._drain_shards() if self.shards is not None else self._drain(deadline)
             stats.seconds = time.monotonic() - started
-            self._result = stats
+            self._total = self._result = stats
         except BaseException as exc:  # handed to the waiting thread
             self._result = exc
         finally:

@@ -21,6 +21,7 @@ from numbers import Integral, Real
 from typing import Any
 
 from outbox.exceptions import InvalidThreshold
+from outbox.health.beacon import attach_drains
 from outbox.health.snapshot import known_database, table_status
 from outbox.health.vacuum import attach, describe_holder
 from outbox.models import OutboxBase, outbox_models
@@ -40,7 +41,11 @@ class Thresholds:
     a database (one whose age is hidden, a replication slot's or another role's, is not
     judged), `max_xmin_xids` over its age in transaction ids (always known),
     `max_dead_tuples` over the dead tuples of each outbox table and of the lease
-    table."""
+    table.
+
+    `min_drains` is a floor, not a limit: fewer live drain processes recorded in a
+    table's database (`outbox.health.beacon`; read by `statuses(drains=True)`, tables
+    without that reading are not judged) is a problem, once per database."""
 
     max_lag_seconds: float | None = None
     max_dead: int | None = None
@@ -48,6 +53,7 @@ class Thresholds:
     max_xmin_age_seconds: float | None = None
     max_xmin_xids: int | None = None
     max_dead_tuples: int | None = None
+    min_drains: int | None = None
 
     def __post_init__(self) -> None:
         for limit in fields(self):
@@ -70,14 +76,19 @@ def statuses(
     models: Sequence[type[OutboxBase]] | None = None,
     *,
     vacuum: bool = True,
+    drains: bool = False,
 ) -> list[dict[str, Any]]:
     """`table_status` of every outbox table (or of `models`), each with its "vacuum"
-    reading (`outbox.health.vacuum.attach`: None off PostgreSQL) unless `vacuum` is False."""
+    reading (`outbox.health.vacuum.attach`: None off PostgreSQL) unless `vacuum` is
+    False, and with `drains` the live drain processes of its database ("drains",
+    `outbox.health.beacon.attach_drains`)."""
     alias = known_database(using)
     chosen = list(models or outbox_models())
     tables = [table_status(model, alias) for model in chosen]
     if vacuum:
         attach(tables, chosen)
+    if drains:
+        attach_drains(tables)
     return tables
 
 
@@ -96,7 +107,20 @@ def problems(tables: Sequence[dict[str, Any]], thresholds: Thresholds) -> list[s
                 f"{name}: {expired} shard(s) with an expired lease (a dead worker's), "
                 f"over {thresholds.max_expired}"
             )
-    return found + _vacuum_problems(tables, thresholds)
+    return found + _vacuum_problems(tables, thresholds) + _drain_problems(tables, thresholds)
+
+
+def _drain_problems(tables: Sequence[dict[str, Any]], thresholds: Thresholds) -> list[str]:
+    """Fewer live drains than `min_drains`, once per database read."""
+    floor = thresholds.min_drains
+    if floor is None:
+        return []
+    found = []
+    alive = {table["database"]: len(table["drains"]) for table in tables if "drains" in table}
+    for database, count in alive.items():
+        if count < floor:
+            found.append(f"{database}: {count or 'no'} drain process(es) alive, fewer than {floor}")
+    return found
 
 
 def _vacuum_problems(tables: Sequence[dict[str, Any]], thresholds: Thresholds) -> list[str]:
@@ -145,8 +169,11 @@ def _xmin_problems(
 
 
 def check(using: str | None = None, thresholds: Thresholds | None = None) -> list[str]:
-    """The health check function: the problems of every outbox table (empty: healthy)."""
-    return problems(statuses(using), thresholds or Thresholds())
+    """The health check function: the problems of every outbox table (empty: healthy).
+    The live drains are read only where `min_drains` is set."""
+    thresholds = thresholds or Thresholds()
+    tables = statuses(using, drains=thresholds.min_drains is not None)
+    return problems(tables, thresholds)
 
 
 def backlog(using: str | None = None) -> str:

@@ -31,6 +31,11 @@ OUTBOX_METRICS_REFRESH_SECONDS from then on, whether tasks come or not. A pool p
 that shuts down withdraws its gauges (`outbox.metrics.feed.process_ended`): it leaves
 without the interpreter's exit hooks.
 
+With OUTBOX_DRAIN_BEACON_SECONDS above 0 (the default), the first outbox task a worker
+process runs starts its beacon (`outbox.health.beacon`): the process is listed as a live
+drain by `outbox_status` and the dashboard until it ends (a pool process deletes its
+record as it shuts down) or stops beating.
+
 With OUTBOX_TASK_LIVENESS_FILE set, the worker keeps that file fresh for a liveness probe
 from when it is ready (`outbox.integrations.task_liveness`).
 
@@ -69,9 +74,8 @@ STOP_SIGNAL = signal.SIGUSR2
 def schedule_drains() -> int:
     """Reserve due shards of every outbox table and send them out in drain tasks."""
     from outbox.integrations.dispatch import plan_drains
-    from outbox.metrics.refresh import start_refresh
 
-    start_refresh()
+    _started()
     orders = plan_drains()
     for order in orders:
         send(order)
@@ -86,11 +90,21 @@ def drain(
 ) -> dict[str, Any]:
     """Drain the given shards of one table (a `DrainOrder` as task arguments)."""
     from outbox.integrations.dispatch import DrainOrder, order_worker, task_result
-    from outbox.metrics.refresh import start_refresh
 
-    start_refresh()
+    _started()
     order = DrainOrder.from_args(table, using, shards, reservation)
     return task_result(order_worker(order).run())
+
+
+def _started() -> None:
+    """What the first outbox task of a worker process starts, each once per process:
+    the gauge timer and the drain's beacon, where they are configured."""
+    from outbox.health.beacon import start_drain_beacon
+    from outbox.metrics.refresh import start_refresh
+    from outbox.models.drains import CELERY
+
+    start_refresh()
+    start_drain_beacon(CELERY)
 
 
 def register_tasks(app: Celery) -> None:
@@ -182,9 +196,12 @@ def _on_pool_process_init(**kwargs: Any) -> None:
 
 
 def _on_pool_process_shutdown(**kwargs: Any) -> None:
-    """A pool process ends (recycled, or the worker stops): its Prometheus gauges with it."""
+    """A pool process ends (recycled, or the worker stops): its Prometheus gauges and its
+    drain record with it."""
+    from outbox.health.beacon import stop_drain_beacon
     from outbox.metrics.feed import process_ended
 
+    stop_drain_beacon()
     process_ended()
 
 

@@ -20,7 +20,9 @@ releases its leases, then lets the worker's own handler run. With OUTBOX_METRICS
 the first outbox task a worker process runs starts its gauge timer
 (`outbox.metrics.refresh`), which reads the backlog and health gauges every
 OUTBOX_METRICS_REFRESH_SECONDS from then on, and its liveness file
-(OUTBOX_TASK_LIVENESS_FILE, `outbox.integrations.task_liveness`). Importing this module
+(OUTBOX_TASK_LIVENESS_FILE, `outbox.integrations.task_liveness`) and its drain
+beacon (OUTBOX_DRAIN_BEACON_SECONDS, `outbox.health.beacon`: listed as a live drain
+until the process exits or stops beating). Importing this module
 needs Django 6 (`django.tasks`); nothing else in the app imports it.
 """
 
@@ -33,6 +35,7 @@ from django.tasks import Task, TaskResult, task
 
 from outbox.conf import outbox_settings
 from outbox.engine import DrainWorker
+from outbox.health.beacon import start_drain_beacon
 from outbox.integrations.dispatch import (
     DrainOrder,
     all_tables_worker,
@@ -44,6 +47,7 @@ from outbox.integrations.dispatch import (
 from outbox.integrations.task_liveness import start_task_liveness
 from outbox.metrics.refresh import start_refresh
 from outbox.models import OutboxBase
+from outbox.models.drains import DJANGO_TASKS
 from outbox.shards import ShardKey
 
 
@@ -91,10 +95,12 @@ def prompt_drain(using: str, shards: Mapping[type[OutboxBase], Collection[ShardK
 
 
 def _started() -> None:
-    """What the first outbox task of a worker process starts: the gauge timer and the
-    liveness file, where they are configured (each once per process)."""
+    """What the first outbox task of a worker process starts: the gauge timer, the
+    liveness file and the drain's beacon, where they are configured (each once per
+    process)."""
     start_refresh()
     start_task_liveness()
+    start_drain_beacon(DJANGO_TASKS)
 
 
 def _run(worker: DrainWorker) -> dict[str, Any]:

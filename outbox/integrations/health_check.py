@@ -14,7 +14,8 @@ oldest due message waited longer than `max_lag_seconds`, more than `max_dead` de
 letters, more than `max_expired` shards whose lease expired (a dead worker's), and on
 PostgreSQL a transaction holding back vacuum for longer than `max_xmin_age_seconds` or
 `max_xmin_xids` transaction ids, or more than `max_dead_tuples` dead tuples in an outbox
-table or the lease table.
+table or the lease table; and when fewer than `min_drains` drain processes are alive in
+a database (`outbox.health.beacon`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class OutboxHealthCheck(HealthCheck):
     max_xmin_age_seconds: float | None = None
     max_xmin_xids: int | None = None
     max_dead_tuples: int | None = None
+    min_drains: int | None = None
 
     def run(self) -> None:
         thresholds = Thresholds(
@@ -45,6 +47,7 @@ class OutboxHealthCheck(HealthCheck):
             max_xmin_age_seconds=self.max_xmin_age_seconds,
             max_xmin_xids=self.max_xmin_xids,
             max_dead_tuples=self.max_dead_tuples,
+            min_drains=self.min_drains,
         )
         found = check(self.database, thresholds)
         if found:

@@ -27,8 +27,9 @@ gauges go when its files are marked dead (`mark_process_dead`): `drain_outboxes`
 Celery pool processes do it as they end (`PrometheusMetrics.process_ended`), gunicorn's
 ``child_exit`` hook does it for a web worker, and `multiprocess_registry()` does it, at
 each scrape, for every process of the directory that no longer runs on this host (a
-``kill -9``, an out-of-memory kill). Counters and histograms keep a dead process's counts,
-as they should.
+``kill -9``, an out-of-memory kill) and for every drain process whose beat expired (it
+runs but stopped beating: no longer listed alive, see `outbox.health.beacon`). Counters
+and histograms keep a dead process's counts, as they should.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from outbox.health.beacon import expired_beats, remove_beat
 from outbox.metrics.backlog import record_backlog
 from outbox.metrics.base import Metrics, ScopeHealth
 
@@ -275,18 +277,21 @@ def mark_process_dead(pid: int, path: str | None = None) -> None:
 
 def sweep_dead_processes(path: str) -> list[int]:
     """Mark dead every process with live gauge files in `path` that no longer runs on
-    this host; the ids of those marked.
+    this host, and every drain process whose beat there expired; the ids of those marked.
 
     The directory is this host's (prometheus_client's files are memory-mapped), so a
     process id that does not run here belongs to a process that ended without marking
-    itself dead: killed, or never told."""
-    gone = set()
+    itself dead: killed, or never told. A drain's beacon (`outbox.health.beacon`) keeps
+    a beat file there that expires with its drain record: a drain that stopped beating
+    (frozen, wedged as a whole) is no longer listed alive, and its gauges go too."""
+    gone = set(expired_beats(path))
     for name in glob.glob(os.path.join(glob.escape(path), "gauge_live*_*.db")):
         match = _LIVE_FILE.fullmatch(os.path.basename(name))
         if match and not _running(int(match.group(1))):
             gone.add(int(match.group(1)))
     for pid in sorted(gone):
         mark_process_dead(pid, path)
+        remove_beat(path, pid)
         logger.info(
             "Prometheus gauges of ended process %s withdrawn",
             pid,

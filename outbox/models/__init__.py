@@ -1,9 +1,11 @@
-"""Outbox tables (the abstract base, the two stock tables) and the shard lease table.
+"""Outbox tables (the abstract base, the two stock tables), the shard lease table, the
+pauses and the drain processes.
 
 This layer never imports the write path or the engine: rows hand their saves to the
 write path through `OutboxBase.write_path`, which the app installs when it is ready.
 """
 
+from outbox.models.drains import OutboxDrainProcess, OutboxDrainProcessQuerySet
 from outbox.models.inbox import InboxRecord, InboxRecordQuerySet
 from outbox.models.lease import ShardLease, ShardLeaseQuerySet
 from outbox.models.outbox import (
@@ -21,6 +23,8 @@ __all__ = [
     "InboxRecord",
     "InboxRecordQuerySet",
     "OutboxBase",
+    "OutboxDrainProcess",
+    "OutboxDrainProcessQuerySet",
     "OutboxPause",
     "OutboxPauseQuerySet",
     "OutboxQuerySet",

@@ -10,7 +10,8 @@ SIGTERM/SIGINT stop it gracefully, a second one at once
 (`outbox.engine.worker.DrainWorker`). It refuses to run inside an open transaction.
 `--liveness-file` keeps a file fresh for a liveness probe (`outbox.health.liveness`).
 `--metrics-port` serves Prometheus' /metrics from the process while it runs
-(`MetricsServer`).
+(`MetricsServer`). With --loop the process records itself as a live drain every
+OUTBOX_DRAIN_BEACON_SECONDS (`outbox.health.beacon`) and deletes its record on exit.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from outbox.conf import outbox_settings
 from outbox.engine import DrainOutcome, DrainStats, DrainWorker, StopRequest
 from outbox.engine.slots import stuck_receivers
 from outbox.exceptions import DrainInTransaction, MetricsUnavailable, StuckReceivers
+from outbox.health.beacon import drained_databases, start_drain_beacon, stop_drain_beacon
 from outbox.health.liveness import LivenessFile
 from outbox.health.thresholds import backlog_figures, describe_backlog
 from outbox.inbox import inbox_databases, inbox_receivers, prune_inbox
@@ -46,6 +48,7 @@ from outbox.management.arguments import (
 from outbox.metrics import installed, record_backlog
 from outbox.metrics.base import metrics_class
 from outbox.models import ShardLease, outbox_models
+from outbox.models.drains import LOOP
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -165,6 +168,9 @@ class Command(BaseCommand):
                 except OSError as exc:
                     raise CommandError(f"Cannot write the liveness file {path!r}: {exc}") from exc
                 running.callback(liveness.remove)
+            if options["loop"]:  # listed as a live drain (OUTBOX_DRAIN_BEACON_SECONDS)
+                start_drain_beacon(LOOP, drained_databases(self.models, self.using))
+                running.callback(stop_drain_beacon)
             worker = self._worker(options, liveness)
             try:
                 with worker.handling_signals():

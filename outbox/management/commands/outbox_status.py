@@ -12,6 +12,9 @@ available"). `--json` prints the same as JSON. Thresholds (`--max-lag`, `--max-d
 `--max-expired`: expired leases only, never a retry due; `--max-xmin-age`,
 `--max-xmin-xids`, `--max-dead-tuples`: PostgreSQL only) make it exit with status 6 when
 passed, naming what passed them, so it serves as a monitoring check or a probe.
+Once per database, the drain processes alive there (`outbox.health.beacon`: host:pid,
+kind, uptime, last beat, rows in the last minute, calls running and the longest), or
+"no drain alive"; `--min-drains N` exits with status 6 when fewer are.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
+from outbox.conf import outbox_settings
 from outbox.exceptions import InvalidThreshold
+from outbox.health.beacon import describe_drain
 from outbox.health.thresholds import Thresholds, problems, statuses
 from outbox.health.vacuum import describe_holder, describe_table
 from outbox.management import exit_codes
@@ -40,6 +45,7 @@ THRESHOLDS = (
     ("max_xmin_age", "max_xmin_age_seconds"),
     ("max_xmin_xids", "max_xmin_xids"),
     ("max_dead_tuples", "max_dead_tuples"),
+    ("min_drains", "min_drains"),
 )
 
 
@@ -79,6 +85,13 @@ class Command(BaseCommand):
             metavar="N",
             help="PostgreSQL: fail when an outbox table or the lease table has more dead tuples.",
         )
+        parser.add_argument(
+            "--min-drains",
+            type=int,
+            metavar="N",
+            help="Fail when fewer drain processes are alive in a database (see "
+            "OUTBOX_DRAIN_BEACON_SECONDS).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         alias = database_alias(options["database"])
@@ -89,7 +102,7 @@ class Command(BaseCommand):
             thresholds = Thresholds(**{field: options[name] for name, field in THRESHOLDS})
         except InvalidThreshold as exc:  # NaN: argparse's float takes it
             raise CommandError(str(exc)) from exc
-        tables = statuses(alias)
+        tables = statuses(alias, drains=True)
         if options["json"]:
             self.stdout.write(json.dumps(tables, indent=2))
         else:
@@ -144,7 +157,9 @@ class Command(BaseCommand):
             )
 
     def _show_databases(self, tables: list[dict[str, Any]]) -> None:
-        """Once per PostgreSQL database: the oldest xmin's holder and the lease table."""
+        """Once per database: its live drains; once per PostgreSQL database: the oldest
+        xmin's holder and the lease table."""
+        self._show_drains(tables)
         shown = set()
         for table in tables:
             vacuum, database = table["vacuum"], table["database"]
@@ -158,6 +173,31 @@ class Command(BaseCommand):
                 f"{describe_holder(holder) if holder else 'none'}"
             )
             self.stdout.write(f"    lease table {describe_table(vacuum['lease_table'])}")
+
+    def _show_drains(self, tables: list[dict[str, Any]]) -> None:
+        """Once per database: its live drains, one line each, or "no drain alive"."""
+        shown: set[str] = set()
+        for table in tables:
+            database, drains = table["database"], table["drains"]
+            if database in shown:
+                continue
+            shown.add(database)
+            if not drains:
+                self.stdout.write(f"{database}: no drain alive{_unrecorded()}")
+                continue
+            self.stdout.write(f"{database}: {len(drains)} drain(s) alive")
+            for drain in drains:
+                self.stdout.write(f"    drain {one_line(describe_drain(drain), 400)}")
+
+
+def _unrecorded() -> str:
+    """Why no drain may be listed although one runs: this process records none."""
+    if outbox_settings.DRAIN_BEACON_SECONDS:
+        return ""
+    return (
+        " (none recorded: OUTBOX_DRAIN_BEACON_SECONDS is 0 here; drains record themselves"
+        " only where it is above 0)"
+    )
 
 
 def _attempts(table: dict[str, Any]) -> str:
