@@ -25,6 +25,7 @@ MODULES = {
     "identity": "bench.identity_floor",
     "relays": "bench.relays",
     "cpu": "bench.cpu_per_message",
+    "trickle": "bench.trickle",
 }
 
 
