@@ -16,8 +16,9 @@ Below them, what the statements bind: keys, ids and failures made into parameter
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
 
@@ -61,7 +62,31 @@ class Statements:
 
 @cache
 def statements(model: type[OutboxBase]) -> Statements:
-    return _Renderer(model).render()
+    rendered = _Renderer(model).render()
+    return Statements(**{f.name: _compact(getattr(rendered, f.name)) for f in fields(rendered)})
+
+
+def _compact(sql: str) -> str:
+    """The statement without its comments and with no white space it does not need:
+    psycopg parses a statement's text once and keeps it only up to 4,096 characters
+    (`MAX_CACHED_STATEMENT_LENGTH`); the claims' indented text was longer and was
+    parsed again at every call. Quoted names and string literals are kept as they are."""
+    parts = _QUOTED.split(_COMMENT.sub("", sql))  # odd items are quoted
+    for index in range(0, len(parts), 2):
+        part = parts[index]
+        text = _AROUND_PUNCTUATION.sub(r"\1", " ".join(part.split()))
+        # A space that parted a word from a quoted one stays.
+        if index and part[:1].isspace() and text[:1] not in "(),":
+            text = " " + text
+        if index < len(parts) - 1 and part[-1:].isspace() and text[-1:] not in "(),":
+            text += " "
+        parts[index] = text
+    return "".join(parts).strip()
+
+
+_QUOTED = re.compile(r"(\"[^\"]*\"|'[^']*')")
+_COMMENT = re.compile(r"--[^\n]*")
+_AROUND_PUNCTUATION = re.compile(r" ?([(),]) ?")
 
 
 class _Renderer:
