@@ -61,34 +61,50 @@ class DrainProcess:
         """SIGTERM (a graceful stop), then SIGKILL if it hangs; its exit status."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(self.STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10.0)
-        return self.process.returncode
+        return stop_gracefully(self.process, self.STOP_TIMEOUT_S)
 
     def tail(self, lines: int = 20) -> str:
-        try:
-            text = self.output.read_text(errors="replace")
-        except OSError:
-            return "(no output)"
-        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+        return tail_of(self.output, lines)
 
     def starts(self) -> tuple[dict[int, float], int]:
         """Each message's first receiver start, and how many starts were repeats."""
-        starts: dict[int, float] = {}
-        repeats = 0
-        if not self.log.exists():
-            return starts, repeats
-        for line in self.log.read_text(encoding="ascii").splitlines():
-            message, _, at = line.partition(" ")
-            if not at:
-                continue  # a line cut short by a kill
-            if int(message) in starts:
-                repeats += 1
-            else:
-                starts[int(message)] = float(at)
+        return first_starts(self.log)
+
+
+def stop_gracefully(process: subprocess.Popen[bytes], timeout: float) -> int:
+    """SIGTERM (a graceful stop), then SIGKILL if it hangs; its exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10.0)
+    return process.returncode
+
+
+def tail_of(path: Path, lines: int = 20) -> str:
+    """The last lines of a process's output file."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no output)"
+    return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+
+
+def first_starts(path: Path) -> tuple[dict[int, float], int]:
+    """From a probe's log of receiver starts: each message's first start, and how many
+    starts were repeats."""
+    starts: dict[int, float] = {}
+    repeats = 0
+    if not path.exists():
         return starts, repeats
+    for line in path.read_text(encoding="ascii").splitlines():
+        message, _, at = line.partition(" ")
+        if not at:
+            continue  # a line cut short by a kill
+        if int(message) in starts:
+            repeats += 1
+        else:
+            starts[int(message)] = float(at)
+    return starts, repeats

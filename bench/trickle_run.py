@@ -37,6 +37,7 @@ import psycopg
 
 from bench.cpu_sides import Side
 from bench.db import conninfo
+from bench.sustained_drain import first_starts, stop_gracefully, tail_of
 from bench.sustained_monitor import DRAIN_APPLICATION, cpu_seconds
 
 BENCH = Path(__file__).resolve().parent
@@ -149,38 +150,14 @@ class Drain:
         return self.process.pid
 
     def stop(self) -> int:
-        """SIGTERM (a graceful stop), then SIGKILL if it hangs; its exit status."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10.0)
-        return self.process.returncode
+        return stop_gracefully(self.process, STOP_TIMEOUT_S)
 
     def tail(self, lines: int = 20) -> str:
-        try:
-            text = self.output.read_text(errors="replace")
-        except OSError:
-            return "(no output)"
-        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+        return tail_of(self.output, lines)
 
     def starts(self) -> tuple[dict[int, float], int]:
         """Each message's first receiver start, and how many starts were repeats."""
-        starts: dict[int, float] = {}
-        repeats = 0
-        if not self.starts_log.exists():
-            return starts, repeats
-        for line in self.starts_log.read_text(encoding="ascii").splitlines():
-            message, _, at = line.partition(" ")
-            if not at:
-                continue  # a line cut short
-            if int(message) in starts:
-                repeats += 1
-            else:
-                starts[int(message)] = float(at)
-        return starts, repeats
+        return first_starts(self.starts_log)
 
     def statement_times(self, top: int = 8) -> list[dict[str, Any]]:
         """The statements the drain spent the most wall time in, over its life."""
