@@ -328,14 +328,16 @@ def test_three_drainers_on_wide_batches_deliver_each_row_once_in_order(
     calls, settings, monkeypatch
 ):
     settings.OUTBOX_BATCH_SHARDS = 20
-    settings.OUTBOX_BATCH_ROWS = 200
-    monkeypatch.setattr(mariadb, "WINDOW_ROWS", 100)  # 2 rows a shard in wide batches
+    settings.OUTBOX_BATCH_ROWS = 100
+    monkeypatch.setattr(mariadb, "WINDOW_ROWS", 100)  # 5 rows a shard in wide batches
     calls.journal = True
     single_message_shards(600)  # shards 0..599: one message each
-    RegionOutbox.objects.bulk_create(  # and some streams, read apart in wide batches
+    # And some streams longer than a whole window (100 rows for a shard claimed alone), so
+    # that they are read apart in whatever batches the racing drains claim them.
+    RegionOutbox.objects.bulk_create(
         [
-            RegionOutboxFactory.build(shard_identifier=shard, object_identifier=shard * 100 + n)
-            for n in range(60)
+            RegionOutboxFactory.build(shard_identifier=shard, object_identifier=shard * 1000 + n)
+            for n in range(120)
             for shard in range(1000, 1005)
         ]
     )
@@ -360,7 +362,7 @@ def test_three_drainers_on_wide_batches_deliver_each_row_once_in_order(
     by_shard = defaultdict(list)
     for delivery in Delivery.objects.order_by("started"):
         by_shard[delivery.shard_identifier].append(delivery)
-    assert sum(len(d) for d in by_shard.values()) == 900  # each row exactly once
+    assert sum(len(d) for d in by_shard.values()) == 1200  # each row exactly once
     assert read_apart  # the streams were read apart at least once
     for shard, deliveries in by_shard.items():
         for previous, current in itertools.pairwise(deliveries):
