@@ -9,7 +9,7 @@ from outbox.exceptions import OutboxConfigurationError
 
 if TYPE_CHECKING:
     from outbox.cursors import CommitWithInsert
-    from outbox.writes.hooks import FlushBounds
+    from outbox.writes.context import FlushBounds
 
 # The package's name: operators route and silence "outbox.metrics".
 logger = logging.getLogger("outbox.metrics")
@@ -34,7 +34,7 @@ class OutboxConfig(AppConfig):
         # (PostgreSQL's NOTIFY trigger on each outbox table).
         post_migrate.connect(after_migrate, sender=self, dispatch_uid="outbox.notify_triggers")
 
-    # What the write path asks of the layers above it (`outbox.writes.hooks.LayersAbove`).
+    # What the write path asks of the layers above it (`outbox.writes.context.LayersAbove`).
 
     def flush(self, using: str, bounds: FlushBounds) -> object:
         """Deliver the shards a committed transaction wrote (the synchronous flush)."""

@@ -15,9 +15,10 @@ and counts as a receiver of every category for the `outbox.W001` check.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from django.db import models
 from django.dispatch import Signal
 
 from outbox.categories import OutboxCategory, registry
@@ -130,6 +131,15 @@ lease_lost = Signal()
 shards_claimed = Signal()
 receivers_stuck = Signal()
 duplicate_skipped = Signal()
+
+
+def announce_saved(rows: Sequence[models.Model], using: str) -> None:
+    """Send `messages_saved` for outbox rows of one table just written (the write path's
+    saves and bulk inserts); free while no receiver is connected."""
+    # `receivers` first: has_listeners looks up the live receivers even when none is
+    # connected at all, the usual case, and this runs for every write.
+    if rows and messages_saved.receivers and messages_saved.has_listeners(type(rows[0])):
+        messages_saved.send(sender=type(rows[0]), rows=list(rows), using=using)
 
 
 def receiver_id(receiver: Callable[..., Any]) -> str:

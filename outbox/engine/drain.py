@@ -71,7 +71,7 @@ Every table, once
 -----------------
 The engine's two calls: `drain_outboxes()`, one drain of every due shard in the
 calling thread, and `flush_shards()`, the synchronous flush after a commit (which
-`OutboxConfig.flush` calls for the write path, `outbox.writes.hooks`, so the write path
+`OutboxConfig.flush` calls for the write path, `outbox.writes.context`, so the write path
 never imports the engine).
 """
 

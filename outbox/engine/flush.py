@@ -17,7 +17,7 @@ PermanentFailure behave as in production) and deletes the delivered rows. No lea
 nothing else can see the test's transaction.
 
 `OutboxConfig.flush_in_test_transaction` calls it for the write path's flush run inside
-`TestCase`'s own transactions (`outbox.writes.hooks`); `outbox.testing` builds its
+`TestCase`'s own transactions (`outbox.writes.context`); `outbox.testing` builds its
 helpers on it.
 
 A failing receiver is handled as the engine handles it (logged, `delivery_failed`

@@ -17,7 +17,7 @@ from django.db import router
 from outbox.engine.flush import deliver_eagerly
 from outbox.models import OutboxBase, outbox_models
 from outbox.shards import ShardKey
-from outbox.writes.hooks import in_transaction_flush
+from outbox.writes.context import in_transaction_flush
 
 __all__ = ["deliver_eagerly", "deliver_pending", "eager_delivery"]
 

@@ -3,5 +3,5 @@ writer, and producer models.
 
 It sits above the models and below the backends and the engine: it never imports them.
 After a commit it hands the written shards to the app config's flush
-(`outbox.writes.hooks`), which calls the engine.
+(`outbox.writes.context.layers_above`), which calls the engine.
 """

@@ -1,17 +1,38 @@
-"""`outbox_context`: which outbox writes are flushed right after commit.
+"""`outbox_context`: which outbox writes are flushed right after commit, and what is
+handed on at commit.
 
 The state lives in a ContextVar, so threads and asyncio tasks never see each other's.
-The write path (`outbox.writes.path`) tells this module which shards a save wrote
-(`record_writes`); when flushing is on, the shards are handed to the flush hook by an
-on_commit callback of the row's own database. When it is off, and OUTBOX_PROMPT_DRAIN
-names a hook, the shards are handed to that hook at commit instead (to enqueue a drain
-task for them), so they need not wait for the next periodic drain.
+The write path (`outbox.writes.path`) records which shards a save wrote (`record_writes`);
+when flushing is on, the shards are handed to the flush by an on_commit callback of the
+row's own database. When it is off, and OUTBOX_PROMPT_DRAIN names a hook, the shards are
+handed to that hook at commit instead (to enqueue a drain task for them), so they need
+not wait for the next periodic drain.
+
+What the write path asks of the layers above
+--------------------------------------------
+The write path never imports the engine or the backends. It asks the app config
+(`outbox.apps.OutboxConfig`, where the layers are wired), found in Django's app registry
+(`layers_above`), for:
+
+- `flush(using, bounds)`: deliver the shards a committed transaction wrote, up to
+  their bounds (the engine's synchronous flush).
+- `commit_with_last_insert(using)`: an execute wrapper that sends the COMMIT in the
+  same round trip as the deferred writer's last INSERT, with the cursor that INSERT
+  runs on (`outbox.cursors.CommitWithInsert`), or None where the database cannot (an
+  optional capability of a backend: PostgreSQL's).
+- `flush_in_test_transaction(using, bounds)`: deliver them inside the open transaction
+  when on_commit callbacks run while only `django.test.TestCase`'s own transactions
+  are open, as `captureOnCommitCallbacks(execute=True)` runs them (the engine's eager
+  delivery).
+
+`in_transaction_flush` is set only by `outbox.testing.eager_delivery()`: the flush to
+run inside any open transaction, instead of refusing where the test opened one itself.
 
 What is handed on at commit
 ---------------------------
 Shards written in a transaction, handed on once it commits.
 
-`PendingFlush` gives them to the synchronous flush (the engine, through the flush hook);
+`PendingFlush` gives them to the synchronous flush (the engine, through the app config);
 `PendingPromptDrain` gives rows left to the drain to the OUTBOX_PROMPT_DRAIN hook, which
 enqueues a drain task for them. After commit the rows are durable: a failing hook is
 logged, not raised into the request, unless OUTBOX_FLUSH_STRICT.
@@ -28,25 +49,56 @@ otherwise, so that a test never passes with nothing delivered.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
+from django.apps import apps
 from django.db import connections, transaction
 from django.db.transaction import Atomic
 from django.utils.module_loading import import_string
 
 from outbox.conf import outbox_settings
+from outbox.cursors import CommitWithInsert
 from outbox.exceptions import FlushInOpenTransaction, OutboxContextRequired, OutboxError
 from outbox.shards import ShardKey
 from outbox.writes.deferred import HeldRows, held_rows_for
-from outbox.writes.hooks import LayersAbove, in_transaction_flush, layers_above
 
 if TYPE_CHECKING:
     from outbox.models import OutboxBase
+
+FlushBounds = Mapping["type[OutboxBase]", Mapping[ShardKey, "int | None"]]
+
+
+# --- What the write path asks of the layers above -----------------------------------
+
+
+class LayersAbove(Protocol):
+    """What `OutboxConfig` provides the write path with."""
+
+    def flush(self, using: str, bounds: FlushBounds) -> object: ...
+
+    def commit_with_last_insert(self, using: str) -> CommitWithInsert | None: ...
+
+    def flush_in_test_transaction(self, using: str, bounds: FlushBounds) -> object: ...
+
+
+def layers_above() -> LayersAbove | None:
+    """The app config, or None before the app registry has loaded it (rows written then
+    are left to the drain)."""
+    if not apps.apps_ready:
+        return None
+    return cast(LayersAbove, apps.get_app_config("outbox"))
+
+
+# A ContextVar: turning eager delivery on in one test (thread,
+# asyncio task) never changes what another one does.
+in_transaction_flush: ContextVar[Callable[[str, FlushBounds], object] | None] = ContextVar(
+    "outbox_in_transaction_flush", default=None
+)
 
 
 # --- What is handed on at commit ------------------------------------------------
@@ -219,7 +271,11 @@ def outbox_context(
                 if held is not None:
                     # Gone before the commit hooks run, so their writes are not held.
                     del frame.held[held.using]
-                    for row_frame, rows in _by_frame(held.write(then_commit=True)):
+                    above = layers_above()
+                    commit_wrapper = (
+                        above.commit_with_last_insert(held.using) if above is not None else None
+                    )
+                    for row_frame, rows in _by_frame(held.write(commit_wrapper)):
                         _record(row_frame, held.using, rows)
     finally:
         if held is not None:

@@ -30,7 +30,8 @@ from django.db.models import signals
 from django.db.transaction import Atomic
 
 import outbox.internals as internals
-from outbox.writes.hooks import announce_saved, layers_above
+from outbox.cursors import CommitWithInsert
+from outbox.signals import announce_saved
 from outbox.writes.insert import Snapshot, insert
 
 if TYPE_CHECKING:
@@ -91,10 +92,11 @@ class HeldRows:
             else:
                 entry.saves.append(save)  # saved again: written once, as last kept
 
-    def write(self, *, then_commit: bool) -> list[tuple[OutboxBase, Any]]:
+    def write(self, commit_wrapper: CommitWithInsert | None) -> list[tuple[OutboxBase, Any]]:
         """INSERT the rows to keep, in the order they were first saved, each as its last
-        save that survived; return them with their frames. `then_commit`: the block ends
-        here, so COMMIT in the same round trip where the database allows it."""
+        save that survived; return them with their frames. The block ends here: with a
+        `commit_wrapper` (the database's `commit_with_last_insert`) the COMMIT rides in
+        the same round trip as the last INSERT."""
         entries = list(self.entries.values())
         self.discard()
         if self.connection.get_rollback():
@@ -112,15 +114,15 @@ class HeldRows:
             ]
             if saves:
                 kept.append((entry, saves[-1]))
-        self._insert(kept, then_commit=then_commit)
+        self._insert(kept, commit_wrapper)
         return [(entry.row, entry.frame) for entry, _ in kept]
 
-    def _insert(self, kept: list[tuple[_Entry, Snapshot]], *, then_commit: bool) -> None:
+    def _insert(
+        self, kept: list[tuple[_Entry, Snapshot]], wrapper: CommitWithInsert | None
+    ) -> None:
         by_table: dict[type[OutboxBase], list[tuple[_Entry, Snapshot]]] = defaultdict(list)
         for entry, snapshot in kept:
             by_table[type(entry.row)].append((entry, snapshot))
-        above = layers_above() if then_commit else None
-        wrapper = above.commit_with_last_insert(self.using) if above is not None else None
         tables = list(by_table.items())
         for index, (model, pairs) in enumerate(tables):
             last = wrapper is not None and index == len(tables) - 1

@@ -15,8 +15,8 @@ from typing import TypeVar, cast
 from django.db import models
 
 from outbox.models import OutboxBase, WritePath
+from outbox.signals import announce_saved
 from outbox.writes import context
-from outbox.writes.hooks import announce_saved
 
 _Row = TypeVar("_Row", bound=models.Model)
 
@@ -54,7 +54,7 @@ class ContextWritePath(WritePath):
             return rows  # written at the commit of the enclosing outbox_context
         created = create_now()
         context.record_writes(using, cast(list[OutboxBase], created))
-        announce_saved(cast(list[OutboxBase], created), using)
+        announce_saved(created, using)
         return created
 
 
