@@ -38,11 +38,17 @@ from outbox.backends.base import (
     ShardFilter,
     Window,
 )
-from outbox.backends.conditions import any_of, lease_key, paused
 from outbox.backends.mariadb.errors import is_lock_error as mariadb_lock_error
 from outbox.backends.postgresql.errors import is_lock_error as postgresql_lock_error
 from outbox.backends.window import coalesce
-from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet
+from outbox.models import (
+    OutboxBase,
+    OutboxPause,
+    OutboxPauseQuerySet,
+    ShardLease,
+    ShardLeaseQuerySet,
+    any_shard,
+)
 from outbox.shards import ShardKey
 
 # SQLite primary result codes: SQLITE_BUSY, SQLITE_LOCKED (extended codes share the low byte).
@@ -86,6 +92,10 @@ class PortableBackend(OutboxBackend):
         """Rows the drain may deliver: dead letters are never read or claimed."""
         return cast("QuerySet[Any]", self.rows(model).filter(dead_at__isnull=True))
 
+    def _paused(self, model: type[OutboxBase]) -> Q:
+        pauses: OutboxPauseQuerySet = OutboxPause.objects.using(self.using)
+        return pauses.covering_rows(model)
+
     def shard_of_row(self, model: type[OutboxBase]) -> dict[str, Any]:
         """Lookups matching a lease row to the outer outbox row's shard."""
         refs: dict[str, Any] = {name: OuterRef(name) for name in model.shard_fields}
@@ -116,10 +126,10 @@ class PortableBackend(OutboxBackend):
         shard = {name: OuterRef(name) for name in model.shard_fields}
         before = self.pending(model).filter(**shard, id__lt=OuterRef("id"))
         due = self.pending(model).filter(
-            ~Exists(before), ~paused(self.using, model), scheduled_for__lte=Now()
+            ~Exists(before), ~self._paused(model), scheduled_for__lte=Now()
         )
         if where.shards is not None:
-            due = due.filter(any_of([Q(**model.shard_lookup(key)) for key in where.shards]))
+            due = due.filter(model.of_shards(where.shards))
         if where.scopes:
             due = due.filter(shard_scope__in=where.scopes)
         if where.identifiers:
@@ -136,9 +146,7 @@ class PortableBackend(OutboxBackend):
             "expires_at": db_now_plus(lease.seconds),
         }
         # The expiry guard is re-checked on the row itself: two workers cannot both win.
-        self.leases(model).expired().filter(any_of([lease_key(key) for key in shards])).update(
-            claimed_at=Now(), **taken
-        )
+        self.leases(model).expired().of_shards(shards).update(claimed_at=Now(), **taken)
         fresh = [
             ShardLease(
                 outbox=model._meta.label_lower,
@@ -161,11 +169,10 @@ class PortableBackend(OutboxBackend):
         *,
         timed: bool = False,  # the model instances read always carry date_added
     ) -> Window:
-        selectors = [Q(**model.shard_lookup(key)) for key in shards]
         columns = (*model.shard_fields, "id", "category", "object_identifier", "attempts", "due")
-        ready = Q(scheduled_for__lte=Now()) & ~paused(self.using, model)
+        ready = Q(scheduled_for__lte=Now()) & ~self._paused(model)
         due = Case(When(ready, then=True), default=False)
-        read = self.pending(model).filter(any_of(selectors)).annotate(due=due).order_by("id")
+        read = self.pending(model).filter(model.of_shards(shards)).annotate(due=due).order_by("id")
         rows = list(read.values_list(*columns)[:limit])
         groups, _, _, cut = coalesce(model, rows, shards)
         # One window for all shards: when it is full, any shard may continue past it.
@@ -243,10 +250,10 @@ class PortableBackend(OutboxBackend):
         )
         # The lease row stays, without a token, until the shard may be retried: its
         # later groups wait out the back-off of its head.
-        backoff = [When(lease_key(f.shard), then=db_now_plus(f.block_seconds)) for f in failures]
-        self.leases(model).with_token(lease.token).filter(
-            any_of([lease_key(failure.shard) for failure in failures])
-        ).update(token=None, expires_at=Case(*backoff, output_field=DateTimeField()))
+        backoff = [When(any_shard([f.shard]), then=db_now_plus(f.block_seconds)) for f in failures]
+        self.leases(model).with_token(lease.token).of_shards(f.shard for f in failures).update(
+            token=None, expires_at=Case(*backoff, output_field=DateTimeField())
+        )
 
     @staticmethod
     def _retry_times(failures: Sequence[FailedGroup]) -> Case:
@@ -308,6 +315,4 @@ class PortableBackend(OutboxBackend):
 
     def release(self, model: type[OutboxBase], lease: Lease, shards: Sequence[ShardKey]) -> None:
         if shards:
-            self.leases(model).with_token(lease.token).filter(
-                any_of([lease_key(key) for key in shards])
-            )._raw_delete(self.using)
+            self.leases(model).with_token(lease.token).of_shards(shards)._raw_delete(self.using)

@@ -26,10 +26,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
 
-from outbox.backends.conditions import any_of, lease_key
 from outbox.exceptions import RetryLater
 from outbox.models import OutboxBase, ShardLease
 from outbox.shards import ShardKey
@@ -53,7 +52,7 @@ def wake_backed_off(
     expires now and their failed rows are due now. Returns the shards woken."""
     leases = ShardLease.objects.using(using).of(model).backing_off()
     if shards is not None:
-        leases = leases.filter(any_of([lease_key(key) for key in shards[:WAKE_LIMIT]]))
+        leases = leases.of_shards(shards[:WAKE_LIMIT])
     if scopes:
         leases = leases.filter(shard_scope__in=scopes)
     if identifiers:
@@ -64,7 +63,7 @@ def wake_backed_off(
     if not backing_off:
         return []  # the usual case: one look at the lease table
     pending = model._default_manager.using(using).filter(dead_at__isnull=True)
-    of_backing_off = pending.filter(any_of([_rows_of(model, key) for key in backing_off]))
+    of_backing_off = pending.filter(model.of_shards(backing_off))
     failed = _back_off_of_its_own(_waiting_out_failure(of_backing_off))
     reached = failed.filter(Exists(_newer(pending, model)))
     found = reached.order_by().values_list(*model.shard_fields).distinct()
@@ -72,8 +71,8 @@ def wake_backed_off(
     if woken:
         with transaction.atomic(using=using):
             # Re-checked on each lease row: one a worker took meanwhile is left alone.
-            leases.filter(any_of([lease_key(key) for key in woken])).update(expires_at=Now())
-            rows = pending.filter(any_of([_rows_of(model, key) for key in woken]))
+            leases.of_shards(woken).update(expires_at=Now())
+            rows = pending.filter(model.of_shards(woken))
             _waiting_out_failure(rows).update(scheduled_for=Now())
     return woken
 
@@ -88,10 +87,6 @@ def _back_off_of_its_own(rows: QuerySet[Any]) -> QuerySet[Any]:
     `RetryLater` (its error line names it): that delay is kept."""
     own: QuerySet[Any] = rows.exclude(last_error__contains=RetryLater.__name__)
     return own
-
-
-def _rows_of(model: type[OutboxBase], key: ShardKey) -> Q:
-    return Q(**model.shard_lookup(key))
 
 
 def _newer(pending: QuerySet[Any], model: type[OutboxBase]) -> QuerySet[Any]:

@@ -7,7 +7,7 @@ write path through `OutboxBase.write_path`, which the app installs when it is re
 
 from outbox.models.drains import OutboxDrainProcess, OutboxDrainProcessQuerySet
 from outbox.models.inbox import InboxRecord, InboxRecordQuerySet
-from outbox.models.lease import ShardLease, ShardLeaseQuerySet
+from outbox.models.lease import ShardLease, ShardLeaseQuerySet, any_shard
 from outbox.models.outbox import (
     ControlOutbox,
     OutboxBase,
@@ -33,5 +33,6 @@ __all__ = [
     "ShardLease",
     "ShardLeaseQuerySet",
     "WritePath",
+    "any_shard",
     "outbox_models",
 ]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable, Sequence
+from functools import reduce
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import models
@@ -12,6 +15,16 @@ from outbox.shards import ShardKey
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+_KEY_FIELDS = ("region_name", "shard_scope", "shard_identifier")
+
+
+def any_shard(keys: Iterable[ShardKey], fields: Sequence[str] = _KEY_FIELDS) -> Q:
+    """The rows of any of the shards `keys`, as a condition on the columns `fields` (a
+    lease row's whole key, or an outbox table's `shard_fields`); matches nothing when
+    there are none."""
+    conditions = [Q(**{name: getattr(key, name) for name in fields}) for key in keys]
+    return reduce(operator.or_, conditions) if conditions else Q(pk__in=[])
 
 
 class ShardLeaseQuerySet(models.QuerySet[Any]):
@@ -71,11 +84,11 @@ class ShardLeaseQuerySet(models.QuerySet[Any]):
         return cast("Self", self.of(model).filter(found if having else ~found))
 
     def of_shard(self, key: ShardKey) -> Self:
-        return self._where(
-            region_name=key.region_name,
-            shard_scope=key.shard_scope,
-            shard_identifier=key.shard_identifier,
-        )
+        return self.of_shards([key])
+
+    def of_shards(self, keys: Iterable[ShardKey]) -> Self:
+        """The leases of any of the shards `keys` (none when there are none)."""
+        return cast("Self", self.filter(any_shard(keys)))
 
 
 class ShardLease(models.Model):

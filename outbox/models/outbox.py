@@ -20,7 +20,7 @@ from django.dispatch import Signal
 from outbox.categories import registry
 from outbox.columns import RandomUUID, new_message_id
 from outbox.exceptions import InvalidOutboxMessage
-from outbox.models.lease import ShardLease
+from outbox.models.lease import ShardLease, any_shard
 from outbox.models.validation import validate_message
 from outbox.models.write_path import WritePath
 from outbox.shards import ShardKey
@@ -204,6 +204,11 @@ class OutboxBase(models.Model):
     def shard_lookup(cls, key: ShardKey) -> dict[str, Any]:
         """Field lookups selecting one shard's rows."""
         return {field: getattr(key, field) for field in cls.shard_fields}
+
+    @classmethod
+    def of_shards(cls, keys: Iterable[ShardKey]) -> models.Q:
+        """The rows of any of the shards `keys`, as a condition (none when there are none)."""
+        return any_shard(keys, cls.shard_fields)
 
     @classmethod
     def shard_key_of(cls, values: Sequence[Any]) -> ShardKey:

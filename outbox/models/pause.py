@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from django.db import models
+from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 
 from outbox.categories import registry
@@ -73,6 +74,24 @@ class OutboxPauseQuerySet(models.QuerySet[Any]):
     def of_part(self, part: PausedPart) -> OutboxPauseQuerySet:
         """The pauses naming exactly `part` (normally one)."""
         return cast(OutboxPauseQuerySet, self.filter(**part.lookups()))
+
+    def covering_rows(self, model: type[models.Model]) -> Q:
+        """A condition on the outer rows of the outbox table `model`: a pause covers the
+        row (its scope's, its shard's or its category's; NULL columns of a pause match
+        any value). The first EXISTS names no row, so the database runs it once per
+        statement, and rows are probed one by one only while this table has a pause at
+        all (as the fast paths do)."""
+        of_table = self.of(model)
+        pauses = of_table.filter(
+            Q(shard_identifier__isnull=True) | Q(shard_identifier=OuterRef("shard_identifier")),
+            Q(category__isnull=True) | Q(category=OuterRef("category")),
+            shard_scope=OuterRef("shard_scope"),
+        )
+        if "region_name" in getattr(model, "shard_fields", ()):
+            pauses = pauses.filter(
+                Q(region_name__isnull=True) | Q(region_name=OuterRef("region_name"))
+            )
+        return Q(Exists(of_table)) & Q(Exists(pauses))
 
     def covering_shard(self, key: ShardKey) -> OutboxPauseQuerySet:
         """The pauses that hold shard `key` whole (its scope's or its own; not a
