@@ -19,10 +19,9 @@ from django.utils import timezone
 
 import outbox.backends.mariadb.backend as mariadb
 import outbox.backends.mariadb.statements as mariadb_statements
-from outbox.backends.base import FailedGroup, Lease, Settlement, ShardFilter
+from outbox.backends.base import FailedGroup, Lease, Settlement, ShardFilter, decode_json
 from outbox.backends.mariadb.backend import MariaDBBackend
 from outbox.backends.select import get_backend
-from outbox.backends.window import decode_json
 from outbox.engine import drain_outboxes
 from outbox.models import ControlOutbox, RegionOutbox, ShardLease
 from outbox.shards import ShardKey

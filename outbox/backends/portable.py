@@ -37,10 +37,10 @@ from outbox.backends.base import (
     SettleResult,
     ShardFilter,
     Window,
+    coalesce,
 )
 from outbox.backends.mariadb.errors import is_lock_error as mariadb_lock_error
 from outbox.backends.postgresql.errors import is_lock_error as postgresql_lock_error
-from outbox.backends.window import coalesce
 from outbox.models import (
     OutboxBase,
     OutboxPause,

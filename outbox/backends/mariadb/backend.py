@@ -27,11 +27,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from outbox.backends.base import (
     Lease,
+    MessageReader,
     OutboxBackend,
     Settlement,
     SettleResult,
     ShardFilter,
     Window,
+    coalesce,
 )
 from outbox.backends.mariadb.errors import is_lock_error
 from outbox.backends.mariadb.statements import (
@@ -46,7 +48,6 @@ from outbox.backends.mariadb.statements import (
     ours,
     statements,
 )
-from outbox.backends.window import MessageReader, coalesce
 from outbox.models import OutboxBase, ShardLease
 from outbox.shards import ShardKey
 

@@ -26,8 +26,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from outbox.backends.base import FailedGroup, Lease
-from outbox.backends.window import MessageReader
+from outbox.backends.base import FailedGroup, Lease, MessageReader
 from outbox.models import OutboxBase, OutboxPause, ShardLease
 from outbox.shards import ShardKey
 

@@ -26,11 +26,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from outbox.backends.base import (
     Lease,
+    MessageReader,
     OutboxBackend,
     Settlement,
     SettleResult,
     ShardFilter,
     Window,
+    coalesce,
 )
 from outbox.backends.listener import WakeListener
 from outbox.backends.postgresql.errors import is_lock_error
@@ -44,7 +46,6 @@ from outbox.backends.postgresql.statements import (
     settle_params,
     statements,
 )
-from outbox.backends.window import MessageReader, coalesce
 from outbox.cursors import CommitWithInsert, kept_cursor
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
