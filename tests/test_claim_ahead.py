@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from outbox.engine import drain_outboxes
-from outbox.engine.leases import LeaseKeeper
+from outbox.engine.pipeline import LeaseKeeper
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing
 from tests.statements import statements_by_thread

@@ -9,7 +9,7 @@ import pytest
 from django.db import DatabaseError, connection, connections, transaction
 
 from outbox.engine import drain_outboxes
-from outbox.engine.leases import LeaseKeeper
+from outbox.engine.pipeline import LeaseKeeper
 from outbox.models import RegionOutbox, ShardLease
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory

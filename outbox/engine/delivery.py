@@ -81,13 +81,16 @@ from asgiref.sync import async_to_sync
 from django.db import connections, transaction
 from django.dispatch import Signal
 
-import outbox.engine.events as events
 from outbox import tracing
 from outbox.backends.base import FailedGroup, Group, Lease, OutboxBackend, Settlement
 from outbox.categories import OutboxCategory, registry
 from outbox.conf import outbox_settings
-from outbox.engine.leases import Holding, retrying
-from outbox.engine.pipeline import Round
+from outbox.engine.pipeline import (
+    Holding,
+    Round,
+    retrying,
+    send_processed,
+)
 from outbox.exceptions import NoReceiver, OutboxError, RetryLater
 from outbox.internals import has_async_receivers, live_receivers
 from outbox.models import OutboxBase
@@ -933,7 +936,7 @@ class ShardDeliverer:
     def _processed(self, group: Group, started: float, calls: ReceiverCalls) -> None:
         timings = dict(calls.timings or ())
         duration = time.monotonic() - started
-        events.send_processed(self.model, group, duration, self.using, timings)
+        send_processed(self.model, group, duration, self.using, timings)
 
     def _failed_call(self, group: Group, exc: Exception, round_: Round) -> bool:
         """Record a call that raised; True when its shard goes on (the group is dead)."""

@@ -92,22 +92,26 @@ from datetime import datetime
 
 from django.db import connections, router
 
-import outbox.engine.events as events
 from outbox.backends import get_backend
 from outbox.backends.base import HeldLeases, Lease, OutboxBackend, ShardFilter, Window
 from outbox.conf import outbox_settings
 from outbox.engine.delivery import ShardDeliverer
-from outbox.engine.leases import Holding, LeaseKeeper, release_quietly, retrying
 from outbox.engine.pipeline import (
     ClaimAhead,
     Claimed,
     DrainStats,
+    Holding,
+    LeaseKeeper,
     Round,
     SettleBehind,
     Unsettled,
     cut_at_bounds,
     done_shards,
+    release_quietly,
+    report_claimed,
+    retrying,
     settle_round,
+    wants_processed,
 )
 from outbox.engine.slots import KeptStragglers, SlotPool, Stragglers, deliver_window, on_slots
 from outbox.exceptions import DrainInTransaction
@@ -305,7 +309,7 @@ class BatchWorker:
     def read(self, shards: list[ShardKey]) -> Window:
         """The next window of `shards`; with each message's date_added where the
         engine measures its lag."""
-        timed = events.wants_processed(self.model)
+        timed = wants_processed(self.model)
         with collector_paused():
             return self.backend.read_window(self.model, shards, self.window_rows(), timed=timed)
 
@@ -317,7 +321,7 @@ class BatchWorker:
         """Deliver the window's groups into `round_`, shard after shard, or on the slots
         (`outbox.engine.slots`) during a drain with concurrency."""
         # Receivers and lifecycle listeners are looked up once per window.
-        self._report_processed = events.wants_processed(self.model)
+        self._report_processed = wants_processed(self.model)
         if self.slots is not None:  # a lone shard too: its call may hang
             self._deliver_on_slots(self.slots, window, holding, round_)
             return
@@ -422,7 +426,7 @@ class Claims:
         where = self._filter(shards)
         started = time.monotonic()
         retrying(self.backend, lambda: self.backend.claim(self.model, lease, where, limit))
-        events.claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)
+        report_claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)
         if shards is None and lease.shards:
             self.cursor = lease.shards[-1]
         return lease
@@ -442,7 +446,7 @@ class Claims:
         started = time.monotonic()  # the claim's duration includes its read here
         try:
             rows = self._batch.window_rows()
-            timed = events.wants_processed(self.model)  # the lag needs date_added
+            timed = wants_processed(self.model)  # the lag needs date_added
             window = retrying(
                 self.backend,
                 lambda: self.backend.claim_and_read(self.model, lease, shards, rows, timed=timed),
@@ -451,7 +455,7 @@ class Claims:
             self._batch.release_remaining(lease)  # won, then failed reading: let them go now
             raise
         if window is not None:
-            events.claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)
+            report_claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)
         return window
 
     def _filter(self, shards: tuple[ShardKey, ...] | None) -> ShardFilter:

@@ -31,12 +31,15 @@ import time
 from collections.abc import Mapping
 
 import outbox.engine.delivery as delivery
-import outbox.engine.events as events
 from outbox.backends.base import Group, Settlement
 from outbox.backends.portable import PortableBackend
 from outbox.conf import outbox_settings
 from outbox.engine.drain import Drainer
-from outbox.engine.pipeline import DrainStats, cut_at_bounds
+from outbox.engine.pipeline import (
+    DrainStats,
+    cut_at_bounds,
+    report_processed,
+)
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
@@ -113,7 +116,7 @@ class _EagerTable:
             return self._failed(group, exc)
         if not retired:
             self._retire(group)
-        events.processed(self.model, group, time.monotonic() - started, self.using)
+        report_processed(self.model, group, time.monotonic() - started, self.using)
         return True
 
     def _retire(self, group: Group) -> bool:

@@ -1,6 +1,21 @@
-"""A drain's rounds: what each one did, how it is settled, and a backlog's pipeline
-that claims the next batches ahead and settles each delivered one behind. Each part
-below needs only the parts above it.
+"""A drain's pipeline beneath the delivery: the leases it holds while receivers run, the
+lifecycle events it sends, what each round did and how it is settled, and a backlog's
+claims ahead and settles behind. Each part below needs only the parts above it.
+
+Holding leases
+--------------
+Holding leases while receivers run, letting them go, and retrying the short
+statements that do both.
+
+One daemon thread per process (`LeaseKeeper`) renews every lease a third of its length
+after the last renewal, so a slow receiver delays only its own shard. A receiver that
+runs past OUTBOX_RECEIVER_DEADLINE_SECONDS is taken as hung: its lease is no longer
+renewed and expires, and another worker retries the shard.
+
+Lifecycle events
+----------------
+Lifecycle signals of the drain that are not failures: a message processed, a lease
+lost. Each is sent only when it has a receiver, so an unused signal costs one check.
 
 What a round did
 ----------------
@@ -44,28 +59,248 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from typing import Any, TypeVar
 
 from django.db import connections
+from django.utils import timezone
 
-import outbox.engine.events as events
 from outbox.backends.base import (
     FailedGroup,
+    Group,
     Lease,
     OutboxBackend,
     Settlement,
     SettleResult,
     Window,
 )
-from outbox.engine.leases import Holding, LeaseKeeper, release_quietly, retrying
+from outbox.categories import registry
+from outbox.conf import outbox_settings
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
+from outbox.signals import lease_lost, message_processed, receivers_stuck, shards_claimed
+
+logger = logging.getLogger("outbox.engine")
+
+_T = TypeVar("_T")
+
+
+# --- Holding leases -------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Holding:
+    """A lease as the keeper sees it; `lost` is filled in when renewal fails."""
+
+    backend: OutboxBackend
+    model: type[OutboxBase]
+    lease: Lease
+    renewed_at: float = field(default_factory=time.monotonic)
+    receiver_started: float | None = None
+    lost: set[ShardKey] = field(default_factory=set)
+    # A straggler's task (`outbox.engine.delivery`), whose calls the deadline watches
+    # instead of `receiver_started`.
+    call: Any = None
+    group: Any = None  # the group of the call running now, for `slots.running_calls`
+
+    def begin_call(self, group: object) -> float:
+        """A receiver call starts (the drain's own thread): the keeper watches it."""
+        self.group = group
+        started = self.receiver_started = time.monotonic()
+        return started
+
+    def end_call(self) -> None:
+        self.receiver_started = None
+
+    def needs_renewal(self, now: float) -> bool:
+        return now - self.renewed_at >= self.lease.seconds / 3
+
+    def renewal_overdue(self, now: float) -> bool:
+        """The keeper should have renewed by now (it stops for a hung receiver, and may
+        fall behind): the lease may be close to expiring, or gone."""
+        return now - self.renewed_at >= self.lease.seconds / 2
+
+    def hung(self, now: float) -> bool:
+        started = self.receiver_started if self.call is None else self.call.receiver_started
+        deadline = outbox_settings.RECEIVER_DEADLINE_SECONDS
+        return started is not None and now - started > deadline
+
+
+class LeaseKeeper:
+    _instance: LeaseKeeper | None = None
+    _instance_pid = 0
+    _instance_lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> LeaseKeeper:
+        """The keeper of this process (a forked child starts its own)."""
+        with cls._instance_lock:
+            if cls._instance is None or cls._instance_pid != os.getpid():
+                cls._instance = cls()
+                cls._instance_pid = os.getpid()
+            return cls._instance
+
+    def __init__(self) -> None:
+        self._holdings: set[Holding] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, holding: Holding) -> None:
+        with self._lock:
+            self._holdings.add(holding)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="outbox-lease-keeper", daemon=True
+                )
+                self._thread.start()
+
+    def drop(self, holding: Holding) -> None:
+        with self._lock:
+            self._holdings.discard(holding)
+
+    def holdings(self) -> list[Holding]:
+        """The leases held now (read-only: the calls running, for the drain's beacon)."""
+        with self._lock:
+            return list(self._holdings)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.5)
+            with self._lock:
+                holdings = list(self._holdings)
+            if holdings:
+                self.renew_due(holdings)
+
+    def renew_due(self, holdings: list[Holding]) -> None:
+        now = time.monotonic()
+        try:
+            for holding in holdings:
+                if holding.needs_renewal(now) and not holding.hung(now):
+                    self._renew(holding)
+        finally:
+            # This thread is idle most of the time: hold no connection between rounds.
+            connections.close_all()
+
+    def _renew(self, holding: Holding) -> None:
+        try:
+            held = holding.backend.renew(holding.model, holding.lease)
+        except Exception:
+            logger.warning("outbox lease renewal failed; will retry", exc_info=True)
+            return
+        holding.renewed_at = time.monotonic()
+        holding.lost.update(key for key in holding.lease.shards if key not in held)
+
+
+def retrying(backend: OutboxBackend, operation: Callable[[], _T]) -> _T:
+    """Run a short engine statement, retrying the errors the backend calls transient
+    (deadlocks and lock timeouts)."""
+    for attempt in range(5):
+        try:
+            return operation()
+        except Exception as exc:
+            if attempt == 4 or not backend.is_transient(exc):
+                raise
+            time.sleep(0.01 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def release_quietly(backend: OutboxBackend, model: type[OutboxBase], lease: Lease) -> bool:
+    """Release the lease's shards, retrying lock errors; False, with a warning logged,
+    if that failed: the leases expire by themselves, and the error that brought the
+    caller here matters more."""
+    try:
+        retrying(backend, lambda: backend.release(model, lease, lease.shards))
+    except Exception:
+        logger.warning("outbox could not release leases %s", lease.token, exc_info=True)
+        return False
+    return True
+
+
+# --- Lifecycle events -----------------------------------------------------------------
+
+
+def lag_seconds(group: Group) -> float | None:
+    """The newest row's age now, from its `date_added` (database clock); None when the
+    read did not carry it (a backend is not obliged to)."""
+    added = getattr(group.message, "date_added", None)
+    if not isinstance(added, datetime):
+        return None
+    if timezone.is_naive(added):
+        added = timezone.make_aware(added, dt_timezone.utc)
+    return max((timezone.now() - added).total_seconds(), 0.0)
+
+
+def wants_processed(model: type[OutboxBase]) -> bool:
+    """Whether `message_processed` has a receiver for `model` (checked once per window:
+    the check costs more than a delivery's bookkeeping)."""
+    return message_processed.has_listeners(model)
+
+
+def report_processed(model: type[OutboxBase], group: Group, duration: float, using: str) -> None:
+    if not message_processed.has_listeners(model):
+        return
+    send_processed(model, group, duration, using)
+
+
+def send_processed(
+    model: type[OutboxBase],
+    group: Group,
+    duration: float,
+    using: str,
+    receiver_seconds: dict[str, float] | None = None,
+) -> None:
+    message_processed.send(
+        sender=model,
+        shard=group.shard,
+        category=group.category,
+        object_identifier=group.object_identifier,
+        rows=len(group.row_ids),
+        lag_seconds=lag_seconds(group),
+        duration_seconds=duration,
+        receiver_seconds=receiver_seconds or {},
+        using=using,
+    )
+
+
+def report_claimed(model: type[OutboxBase], shards: int, duration: float, using: str) -> None:
+    if shards_claimed.has_listeners(model):
+        shards_claimed.send(sender=model, shards=shards, duration_seconds=duration, using=using)
+
+
+def report_leases_lost(model: type[OutboxBase], shards: set[ShardKey], using: str) -> None:
+    for key in sorted(shards):
+        logger.warning(
+            "outbox lease lost on shard %s before its delete; it will be redelivered",
+            registry.shard_name(key, "noted"),
+            extra={
+                "event": "outbox.lease_lost",
+                "outbox": model._meta.label,
+                "scope": key.shard_scope,
+                "shard": str(key),
+            },
+        )
+        if lease_lost.has_listeners(model):
+            lease_lost.send(sender=model, shard=key, using=using)
+
+
+def report_stuck(model: type[OutboxBase], count: int, using: str) -> None:
+    """The number of this process's stuck receiver threads changed to `count`."""
+    if not receivers_stuck.has_listeners(model):
+        return
+    try:
+        receivers_stuck.send(sender=model, count=count, using=using)
+    except Exception:  # sent from a slot thread on its way out, too
+        logger.exception("A receivers_stuck receiver failed")
+
 
 # --- What a round did ---------------------------------------------------------------
 
@@ -249,8 +484,6 @@ class DrainOutcome:
 
 # --- A backlog's pipeline -----------------------------------------------------------
 
-_T = TypeVar("_T")
-
 
 class JobThread:
     """Runs one job at a time, in the order given, each in its caller's context."""
@@ -352,9 +585,6 @@ class ClaimAhead:
         return Claimed(lease, holding)
 
 
-logger = logging.getLogger("outbox.engine")
-
-
 @dataclass
 class Unsettled:
     """A batch's last round, delivered and not settled yet: already counted into the
@@ -382,7 +612,7 @@ def settle_round(
     added to the round and announced."""
     settled = apply_settlement(backend, model, lease, round_.settlement(list(done)))
     round_.lost.update(settled.lost)
-    events.leases_lost(model, round_.lost, using)
+    report_leases_lost(model, round_.lost, using)
     return settled
 
 
@@ -471,6 +701,6 @@ class SettleBehind:
         lost = pending.round.lost
         lost_before = len(lost)
         lost.update(settled.lost)
-        events.leases_lost(self.model, lost, self.using)
+        report_leases_lost(self.model, lost, self.using)
         stats.rows_retired += settled.deleted - pending.expected
         stats.leases_lost += len(lost) - lost_before

@@ -67,7 +67,6 @@ from dataclasses import dataclass
 
 from django.db import connections
 
-import outbox.engine.events as events
 from outbox.backends.base import Group, Lease, OutboxBackend
 from outbox.categories import registry
 from outbox.conf import outbox_settings
@@ -82,8 +81,14 @@ from outbox.engine.delivery import (
     ShardTask,
     judge,
 )
-from outbox.engine.leases import Holding, LeaseKeeper
-from outbox.engine.pipeline import DrainStats, Round, settle_round
+from outbox.engine.pipeline import (
+    DrainStats,
+    Holding,
+    LeaseKeeper,
+    Round,
+    report_stuck,
+    settle_round,
+)
 from outbox.exceptions import InvalidOutboxMessage, StuckReceivers
 from outbox.internals import live_receivers
 from outbox.models import OutboxBase
@@ -669,7 +674,7 @@ class Stragglers:
         return given_up
 
     def _report_stuck(self, count: int) -> None:
-        events.stuck(self.model, count, self.using)
+        report_stuck(self.model, count, self.using)
 
     def _settle(self, rounds: list[tuple[ShardTask, Round]], stats: DrainStats) -> None:
         """One settle per window lease for these shards; then stop renewing them."""
