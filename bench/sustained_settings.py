@@ -2,7 +2,8 @@
 settings, plus the probe that notes when each message's receiver starts
 (`bench.sustained_probe`) and a name for its connection in `pg_stat_activity`.
 
-OUTBOX_BENCH_LOOP_INTERVAL, when set, overrides OUTBOX_LOOP_INTERVAL_SECONDS.
+OUTBOX_BENCH_LOOP_INTERVAL, when set, overrides OUTBOX_LOOP_INTERVAL_SECONDS, and
+OUTBOX_BENCH_LOOP_GATHER OUTBOX_LOOP_GATHER_SECONDS.
 """
 
 from __future__ import annotations
@@ -22,3 +23,5 @@ DATABASES = {**DATABASES, "default": _default}
 
 if os.environ.get("OUTBOX_BENCH_LOOP_INTERVAL"):
     OUTBOX_LOOP_INTERVAL_SECONDS = float(os.environ["OUTBOX_BENCH_LOOP_INTERVAL"])
+if os.environ.get("OUTBOX_BENCH_LOOP_GATHER"):
+    OUTBOX_LOOP_GATHER_SECONDS = float(os.environ["OUTBOX_BENCH_LOOP_GATHER"])

@@ -99,7 +99,7 @@ def test_unknown_names_are_no_attributes():
 def test_settings_lists_every_setting_in_declaration_order():
     declared = [name for name, value in vars(OutboxSettings).items() if isinstance(value, Setting)]
     assert list(SETTINGS) == declared
-    assert len(SETTINGS) == 45
+    assert len(SETTINGS) == 46
     assert SETTINGS["LEASE_SECONDS"].setting_name == "OUTBOX_LEASE_SECONDS"
     assert all(setting.doc for setting in SETTINGS.values())
 

@@ -500,8 +500,12 @@ class Drainer:
         slots: SlotPool | None = None,
         stragglers: KeptStragglers | None = None,
         wait_for_others: bool = True,
+        gather: float = 0.0,
     ) -> None:
         self.model = model
+        # How long to wait after a batch that was not full before the next claim (a
+        # loop's `OUTBOX_LOOP_GATHER_SECONDS`), so that writes arriving together meet.
+        self.gather = gather
         # Whether an empty claim while other drains hold shards is looked at again
         # (`_lost_a_race`); a loop's is not: its next round comes with the next write.
         self.wait_for_others = wait_for_others
@@ -593,6 +597,8 @@ class Drainer:
                     ahead.start(self._claimer(limit))
                 batch, pending = self._work_paced(claimed, defer)
                 stats.add(batch)
+                if self.gather and not full_in_a_row:
+                    self.stop.wait(self.gather)  # writes trickling in: let the next ones meet
                 limit = self._next_limit(batch, full=full_in_a_row > 0)
                 # A batch whose shards all came back empty (drained by someone else a
                 # moment ago) is no progress; never spin on those.
@@ -796,6 +802,7 @@ def drain_outboxes(
     slots: SlotPool | None = None,
     stragglers: KeptStragglers | None = None,
     wait_for_others: bool = True,
+    gather: float = 0.0,
 ) -> DrainStats:
     """Drain every due shard of the given tables (all of them by default) once, in the
     calling thread: no signals, no graceful timeout (a backlog's settles may run on a
@@ -805,7 +812,9 @@ def drain_outboxes(
     the calls it lets run on them past a drain (not waited for here).
     `wait_for_others`: when a claim comes back empty while other drains hold shards of
     the table and go on claiming, look again rather than end (a claim race lost, not a
-    backlog done); a loop's rounds pass False, as the next write starts another round."""
+    backlog done); a loop's rounds pass False, as the next write starts another round.
+    `gather`: how long to wait after a batch that was not full before claiming again (a
+    loop's rounds pass `OUTBOX_LOOP_GATHER_SECONDS`)."""
     stats = DrainStats()
     for model in models or outbox_models():
         drainer = Drainer(
@@ -818,6 +827,7 @@ def drain_outboxes(
             slots=slots,
             stragglers=stragglers,
             wait_for_others=wait_for_others,
+            gather=gather,
         )
         result = drainer.drain(deadline=deadline)
         stats.add(result)

@@ -556,6 +556,7 @@ class DrainWorker:
                 slots=slots,
                 stragglers=stragglers,
                 wait_for_others=not self.loop,
+                gather=outbox_settings.LOOP_GATHER_SECONDS if self.loop else 0.0,
             )
         except (OperationalError, InterfaceError):
             if not self.loop:
