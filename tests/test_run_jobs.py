@@ -19,11 +19,15 @@ def run_jobs(tmp_path, *jobs, width=2):
 
 
 def test_each_log_is_printed_whole_and_a_failure_fails_the_run(tmp_path):
+    # "slow" ends only once "after" has run, which can start only once "broken" ended:
+    # the order holds however loaded the machine is (up to 30 s of waiting).
+    marker = tmp_path / "after-ran"
     result = run_jobs(
         tmp_path,
-        "slow=echo slow-1; sleep 0.6; echo slow-2",
+        f"slow=echo slow-1; for i in $(seq 600); do [ -f {marker} ] && break; sleep 0.05; done;"
+        " echo slow-2",
         "broken=echo broken-1; sleep 0.2; echo broken-2; exit 3",
-        "after=echo after-1",
+        f"after=echo after-1; touch {marker}",
     )
     assert result.returncode == 1
     out = result.stdout
