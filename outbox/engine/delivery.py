@@ -85,12 +85,7 @@ from outbox import tracing
 from outbox.backends.base import FailedGroup, Group, Lease, OutboxBackend, Settlement
 from outbox.categories import OutboxCategory, registry
 from outbox.conf import outbox_settings
-from outbox.engine.pipeline import (
-    Holding,
-    Round,
-    retrying,
-    send_processed,
-)
+from outbox.engine.pipeline import Holding, Round, retrying, send_processed
 from outbox.exceptions import NoReceiver, OutboxError, RetryLater
 from outbox.internals import has_async_receivers, live_receivers
 from outbox.models import OutboxBase

@@ -35,11 +35,7 @@ from outbox.backends.base import Group, Settlement
 from outbox.backends.portable import PortableBackend
 from outbox.conf import outbox_settings
 from outbox.engine.drain import Drainer
-from outbox.engine.pipeline import (
-    DrainStats,
-    cut_at_bounds,
-    report_processed,
-)
+from outbox.engine.pipeline import DrainStats, cut_at_bounds, report_processed
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
 
