@@ -1,8 +1,10 @@
-"""The drain reads its windows with the cyclic garbage collector paused, and only then:
-receivers run with it on, and a process that turned it off keeps it off."""
+"""The drain reads its windows with the cyclic garbage collector paused, and delivers
+windows of receivers that return at once with it paused too: receivers that wait, and a
+drain's first window, run with it on, and a process that turned it off keeps it off."""
 
 import gc
 import threading
+import time
 
 import pytest
 
@@ -67,3 +69,44 @@ def test_receivers_run_with_the_collector_on_and_the_drain_leaves_it_on(calls, c
     assert stats.receiver_calls == 3
     assert seen == [True, True, True]
     assert gc.isenabled()
+
+
+def _collector_during_calls(calls, settings, *, call_seconds: float, concurrency: int) -> list:
+    """Whether the collector was on in each receiver call of a drain of 40 shards, one
+    message each, claimed a few at a time so that they come in many windows."""
+    settings.OUTBOX_BATCH_SHARDS = 4
+    seen = []
+
+    def during_call(sender, kwargs):
+        seen.append(gc.isenabled())
+        if call_seconds:
+            time.sleep(call_seconds)
+
+    calls.during_call = during_call
+    for identifier in range(40):
+        RegionOutboxFactory(shard_identifier=identifier, object_identifier=identifier)
+    stats = drain_outboxes(concurrency=concurrency)
+    assert stats.receiver_calls == 40
+    assert gc.isenabled()
+    return seen
+
+
+@committing
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_windows_of_receivers_that_return_at_once_are_delivered_with_it_paused(
+    calls, settings, collector_on, concurrency
+):
+    """The first window runs with the collector on (nothing is known of its receivers
+    yet); once a window's calls returned at once, the next ones are delivered paused."""
+    seen = _collector_during_calls(calls, settings, call_seconds=0, concurrency=concurrency)
+    assert seen[0] is True
+    assert seen.count(False) >= 30, seen
+
+
+@committing
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_receivers_that_wait_always_run_with_the_collector_on(
+    calls, settings, collector_on, concurrency
+):
+    seen = _collector_during_calls(calls, settings, call_seconds=0.003, concurrency=concurrency)
+    assert all(seen), seen

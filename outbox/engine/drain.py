@@ -14,9 +14,20 @@ Django's, in a worker): measured on ordered streams, about a third of the drain'
 None of these objects form cycles, so reference counting frees them when the window is
 done; nothing is left for the collector to find.
 
-The pause covers the engine's own reading only, never a receiver. It nests across
-threads (a synchronous flush in one thread while a drain reads in another) and leaves
-the collector alone when the process turned it off itself.
+The same holds while a window is delivered to receivers that return at once: each call
+makes its keyword arguments and the receiver's own objects, and with the collector on
+those allocations set it running over the window's objects again and again (and, with a
+receiver that keeps what it is given, over all it kept). So the delivery of a window is
+paused too, but only after the drain has seen its receivers return at once: the window
+before it averaged under `SLOW_CALL_SECONDS` a call, and did not need the other slots.
+A drain's first window, a flush, and every window of receivers that wait are delivered
+with the collector on, so no receiver that waits ever runs with it paused; a call that
+hangs in a paused window is set aside after `STRAGGLER_SECONDS` (`outbox.engine.slots`)
+and the pause ends with the window. What cyclic garbage fast receivers make meanwhile is
+collected right after, at most a window's worth.
+
+The pause nests across threads (a synchronous flush in one thread while a drain reads in
+another) and leaves the collector alone when the process turned it off itself.
 
 How many shards to claim
 ------------------------
@@ -95,7 +106,7 @@ from django.db import connections, router
 from outbox.backends import get_backend
 from outbox.backends.base import HeldLeases, Lease, OutboxBackend, ShardFilter, Window
 from outbox.conf import outbox_settings
-from outbox.engine.delivery import ShardDeliverer
+from outbox.engine.delivery import SLOW_CALL_SECONDS, ShardDeliverer
 from outbox.engine.pipeline import (
     ClaimAhead,
     Claimed,
@@ -232,6 +243,9 @@ class BatchWorker:
         self.slots: SlotPool | None = None
         self.stragglers: Stragglers | None = None
         self._wide = False  # receivers wait: start every window on all slots
+        # The last window's receivers returned at once: deliver the next one with the
+        # collector paused (see "Reading with the collector paused", above).
+        self._fast = False
         self._report_processed = False
         # Receiver calls of the last `work`, and their time, wherever they ran.
         self._calls = 0
@@ -266,7 +280,11 @@ class BatchWorker:
                 round_ = Round()
                 delivered = False
                 try:
-                    self._deliver(window, holding, round_)
+                    if self._fast:
+                        with collector_paused():
+                            self._deliver(window, holding, round_)
+                    else:
+                        self._deliver(window, holding, round_)
                     delivered = defer and not round_.running
                 finally:
                     done, finished = self._round_end(active, window, reached, round_)
@@ -329,10 +347,13 @@ class BatchWorker:
         # The mean call is taken over the window as a whole, not timed call by call: what
         # the engine adds per call is far below what tells a waiting receiver apart.
         calls, started = round_.receiver_calls, time.monotonic()
+        self._fast = False  # until this window is seen through
         deliverer.deliver_each(window.shards.items(), round_, holding)
         if round_.receiver_calls > calls:
-            self._calls += round_.receiver_calls - calls
-            self._call_seconds += time.monotonic() - started
+            made, seconds = round_.receiver_calls - calls, time.monotonic() - started
+            self._calls += made
+            self._call_seconds += seconds
+            self._fast = seconds < SLOW_CALL_SECONDS * made
 
     def _deliverer(self, holding: Holding) -> ShardDeliverer:
         return ShardDeliverer(
@@ -350,6 +371,7 @@ class BatchWorker:
         """Deliver the window's shards on the slots (`outbox.engine.slots`); shards still
         in a call when the rest are done go on as stragglers (`round_.running`)."""
         shards = list(window.shards.items())
+        self._fast = False  # until this window is seen through
         run = deliver_window(
             slots,
             shards,
@@ -359,9 +381,13 @@ class BatchWorker:
         )
         # Calls awaited on the loop need no slot: only slow calls on slots widen.
         self._wide = run.slow or any(not task.on_loop for task in run.carved)
+        made, seconds = 0, 0.0
         for task in (*run.finished, *run.carved):
-            self._calls += task.calls
-            self._call_seconds += task.call_seconds
+            made += task.calls
+            seconds += task.call_seconds
+        self._calls += made
+        self._call_seconds += seconds
+        self._fast = bool(made) and not self._wide and seconds < SLOW_CALL_SECONDS * made
         for task in run.finished:
             round_.merge(task.round)
         for task in run.carved:
