@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from outbox.engine import drain_outboxes
-from outbox.engine.drain import collector_paused
+from outbox.engine import drain_outboxes, pipeline
+from outbox.engine.pipeline import collector_paused, end_long_pause
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
 
@@ -110,3 +110,40 @@ def test_receivers_that_wait_always_run_with_the_collector_on(
 ):
     seen = _collector_during_calls(calls, settings, call_seconds=0.003, concurrency=concurrency)
     assert all(seen), seen
+
+
+def test_a_pause_that_lasts_is_ended_and_the_blocks_still_in_it_go_on_unpaused(collector_on):
+    with collector_paused():
+        end_long_pause(time.monotonic())  # not long yet
+        assert not gc.isenabled()
+        end_long_pause(time.monotonic() + pipeline.LONGEST_PAUSE_SECONDS)
+        assert gc.isenabled()
+        with collector_paused():  # a block that starts now does not pause it again
+            assert gc.isenabled()
+    assert gc.isenabled()
+    with collector_paused():  # the next pause, once every block has left, does
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+@committing
+def test_a_receiver_that_turns_slow_in_a_paused_window_gets_the_collector_back(
+    calls, settings, collector_on
+):
+    """The windows before returned at once, so this one is delivered paused; one of its
+    calls then takes 2.5 s: the lease keeper turns the collector back on meanwhile."""
+    settings.OUTBOX_BATCH_SHARDS = 4
+    seen = []
+
+    def during_call(sender, kwargs):
+        if kwargs["object_identifier"] == 30:
+            paused_at_start = not gc.isenabled()
+            time.sleep(2.5)
+            seen.append((paused_at_start, gc.isenabled()))
+
+    calls.during_call = during_call
+    for identifier in range(40):
+        RegionOutboxFactory(shard_identifier=identifier, object_identifier=identifier)
+    assert drain_outboxes(concurrency=1).receiver_calls == 40
+    assert seen == [(True, True)]
+    assert gc.isenabled()

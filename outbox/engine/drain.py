@@ -2,33 +2,6 @@
 deliver, settle; and `drain_outboxes()`, one drain of every table. Each part below needs
 only the parts above it.
 
-Reading with the collector paused
----------------------------------
-Reading a window with Python's cyclic garbage collector paused.
-
-A window of a few thousand rows builds tens of thousands of small objects (row tuples,
-groups, messages) that all stay alive until the window is delivered. Building them
-with the collector on makes it run again and again over objects that cannot be garbage,
-and promotes them until a full collection walks every object of the process (all of
-Django's, in a worker): measured on ordered streams, about a third of the drain's time.
-None of these objects form cycles, so reference counting frees them when the window is
-done; nothing is left for the collector to find.
-
-The same holds while a window is delivered to receivers that return at once: each call
-makes its keyword arguments and the receiver's own objects, and with the collector on
-those allocations set it running over the window's objects again and again (and, with a
-receiver that keeps what it is given, over all it kept). So the delivery of a window is
-paused too, but only after the drain has seen its receivers return at once: the window
-before it averaged under `SLOW_CALL_SECONDS` a call, and did not need the other slots.
-A drain's first window, a flush, and every window of receivers that wait are delivered
-with the collector on, so no receiver that waits ever runs with it paused; a call that
-hangs in a paused window is set aside after `STRAGGLER_SECONDS` (`outbox.engine.slots`)
-and the pause ends with the window. What cyclic garbage fast receivers make meanwhile is
-collected right after, at most a window's worth.
-
-The pause nests across threads (a synchronous flush in one thread while a drain reads in
-another) and leaves the collector alone when the process turned it off itself.
-
 How many shards to claim
 ------------------------
 How many shards a drain claims at once: about what it delivers in a moment.
@@ -88,7 +61,6 @@ never imports the engine).
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import random
@@ -116,6 +88,7 @@ from outbox.engine.pipeline import (
     Round,
     SettleBehind,
     Unsettled,
+    collector_paused,
     cut_at_bounds,
     done_shards,
     release_quietly,
@@ -128,33 +101,6 @@ from outbox.engine.slots import KeptStragglers, SlotPool, Stragglers, deliver_wi
 from outbox.exceptions import DrainInTransaction
 from outbox.models import OutboxBase, outbox_models
 from outbox.shards import ShardKey
-
-# --- Reading with the collector paused ----------------------------------------------
-
-_lock = threading.Lock()
-_readers = 0
-_paused_by_us = False
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while the block runs (see the module doc)."""
-    global _readers, _paused_by_us
-    with _lock:
-        if _readers == 0:
-            _paused_by_us = gc.isenabled()
-            if _paused_by_us:
-                gc.disable()
-        _readers += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _readers -= 1
-            if _readers == 0 and _paused_by_us:
-                _paused_by_us = False
-                gc.enable()
-
 
 # --- How many shards to claim -------------------------------------------------------
 
@@ -244,7 +190,7 @@ class BatchWorker:
         self.stragglers: Stragglers | None = None
         self._wide = False  # receivers wait: start every window on all slots
         # The last window's receivers returned at once: deliver the next one with the
-        # collector paused (see "Reading with the collector paused", above).
+        # collector paused (see "The collector paused" in `outbox.engine.pipeline`).
         self._fast = False
         self._report_processed = False
         # Receiver calls of the last `work`, and their time, wherever they ran.
