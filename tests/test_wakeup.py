@@ -311,3 +311,17 @@ def test_the_listener_connects_on_its_own_connection():
         assert listener.take() == 0
     finally:
         listener.close()
+
+
+@postgres_only
+def test_a_resume_wakes_an_idle_loop(idle_loop):
+    """A message written to a paused scope wakes the loop, which claims nothing; the
+    resume wakes it again, and the message is delivered long before the next poll."""
+    drainer = idle_loop(interval=30.0)
+    call_command("outbox_pause", "pause", "--scope", "ORGANIZATION", "--no-audit")
+    write(1)
+    time.sleep(1.0)  # heard and not claimed: paused
+    assert not Delivery.objects.exists(), drainer.output()
+    call_command("outbox_pause", "resume", "--scope", "ORGANIZATION", "--no-audit")
+    resumed = time.monotonic()
+    assert delivered_after(1, resumed, timeout=10) < 3.0, drainer.output()

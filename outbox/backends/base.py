@@ -309,6 +309,13 @@ class OutboxBackend(ABC):
         of this database, on the first backend that supports it."""
         return None
 
+    def notify_listeners(self, model: type[OutboxBase]) -> None:
+        """Optional: tell the idle drain loops listening for this table's commits (see
+        `listener`) to look now, at the commit of the transaction under way, for what
+        no write told them: a part of the table resumed after a pause. Nothing where
+        no loop listens."""
+        return None
+
     @abstractmethod
     def claim(
         self, model: type[OutboxBase], lease: Lease, where: ShardFilter, limit: int

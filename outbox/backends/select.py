@@ -124,6 +124,13 @@ def listeners(
     return found
 
 
+def wake_loops(model: type[OutboxBase], using: str) -> None:
+    """Tell the idle drain loops listening for `model`'s commits on `using` to look now
+    (at the commit of the transaction under way), on the backend that listens for them:
+    `OutboxBackend.notify_listeners`."""
+    native_class(using)(using).notify_listeners(model)
+
+
 def after_migrate(sender: Any, using: str = "default", **kwargs: Any) -> None:
     """The `post_migrate` receiver: every table is migrated by then, custom ones too, so
     the database's backend sets up what it needs beyond them."""

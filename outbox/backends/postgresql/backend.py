@@ -80,6 +80,12 @@ class PostgresBackend(OutboxBackend):
         """Give every outbox table its NOTIFY trigger, or take it away (`notify`)."""
         sync_triggers(self.using)
 
+    def notify_listeners(self, model: type[OutboxBase]) -> None:
+        """NOTIFY the table's channel, as its trigger does (sent at commit)."""
+        if notifies():
+            with connections[self.using].cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, '')", [channel(model)])
+
     def __init__(self, using: str) -> None:
         super().__init__(using)
         self._readers: dict[type[OutboxBase], MessageReader] = {}
