@@ -17,8 +17,8 @@ cores, and on the portable paths it failed 9 of 16 runs (p99 up to 4.4 s): the h
 also holds the pool process running its one-shot task, half of a two-process worker,
 for up to OUTBOX_RECEIVER_TIMEOUT_SECONDS. Since a window sets a hung call aside after
 50 ms instead of half a second, PostgreSQL's fast path on an idle machine: p99
-0.52-0.63 s at the half-second tick (4.92 s at the default 5 s). Each case takes about 45 s. The loop's own
-test (tests/test_hung_call_loop.py) runs in every leg."""
+0.52-0.63 s at the half-second tick (4.92 s at the default 5 s). Each case takes about
+45 s. The loop's own test (tests/test_hung_call_loop.py) runs in every leg."""
 
 import os
 import statistics
