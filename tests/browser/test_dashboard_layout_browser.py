@@ -1,12 +1,15 @@
-"""The admin's pages at 1,400 px, the width of an operator's laptop: the change list shows
-`Scheduled for` and `Last error` without cutting them off, and the dead letters by cause
-page is no wider than the window (headless Chromium against Django's live server)."""
+"""The admin's pages at 1,280 and 1,400 px, the widths of an operator's laptop: the
+change list shows `Scheduled for` and `Last error` without cutting them off, and the dead
+letters by cause page and the dashboard (with a live drain, a pause and failing shards)
+are no wider than the window (headless Chromium against Django's live server)."""
 
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 
+from outbox.models.drains import LOOP, record_beat
 from tests.browser import test_admin_browser
 from tests.browser.conftest import missing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory, failed_region_row
@@ -17,7 +20,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "control"]),
 ]
 
-WIDTH = 1400
+WIDTHS = [1280, 1400]
 # Errors as partners send them: long, with URLs and ids no line breaks may split.
 ERROR = (
     "requests.exceptions.HTTPError: 503 Server Error: Service Unavailable for url: "
@@ -33,9 +36,9 @@ TRACEBACK = "Traceback (most recent call last):\n" + "".join(
 )
 
 
-def sized(open_admin, path):
+def sized(open_admin, path, width):
     page = open_admin(path)
-    page.set_viewport_size({"width": WIDTH, "height": 900})
+    page.set_viewport_size({"width": width, "height": 900})
     page.reload()
     return page
 
@@ -63,10 +66,11 @@ def failing_rows(table):
             )
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("table", ["regionoutbox", "controloutbox"])
-def test_the_change_list_shows_scheduled_for_and_last_error_at_1400_px(open_admin, table):
+def test_the_change_list_shows_scheduled_for_and_last_error(open_admin, table, width):
     failing_rows(table)
-    page = sized(open_admin, f"/admin/outbox/{table}/")
+    page = sized(open_admin, f"/admin/outbox/{table}/", width)
     results = page.eval_on_selector(
         "#changelist .results",
         "e => [e.scrollWidth, e.clientWidth, e.getBoundingClientRect().right]",
@@ -75,10 +79,11 @@ def test_the_change_list_shows_scheduled_for_and_last_error_at_1400_px(open_admi
     for column in ("th.column-backoff", "th.column-short_error"):
         assert right_edge(page, column) <= visible_right + 1, (column, results)
     assert scroll <= client + 1, results
-    assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
 
 
-def test_the_dead_letters_by_cause_page_is_no_wider_than_the_window(open_admin):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_dead_letters_by_cause_page_is_no_wider_than_the_window(open_admin, width):
     for shard in range(1, 4):
         RegionOutboxFactory(
             shard_identifier=shard,
@@ -87,13 +92,34 @@ def test_the_dead_letters_by_cause_page_is_no_wider_than_the_window(open_admin):
             last_error=f"tests.testapp.receivers.record: {ERROR}{shard}",
             last_traceback=TRACEBACK,
         )
-    page = sized(open_admin, "/admin/outbox/regionoutbox/dead-letters/causes/")
+    page = sized(open_admin, "/admin/outbox/regionoutbox/dead-letters/causes/", width)
     assert page.locator("tr.cause").count() >= 1
-    assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
 
 
-def test_the_dashboard_is_no_wider_than_the_window(open_admin):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_dashboard_is_no_wider_than_the_window(open_admin, settings, width):
+    settings.OUTBOX_DRAIN_BEACON_SECONDS = 10.0  # drains are recorded: listed
     failing_rows("regionoutbox")
-    page = sized(open_admin, "/admin/outbox/shardlease/dashboard/?refresh=0")
+    # A drain on a long host name whose longest call names a long shard and category.
+    record_beat(
+        "default",
+        "worker-7f9c4d8b6-x2x9q.eu-central-1.compute.internal:4242",
+        expires_in=300.0,
+        host="worker-7f9c4d8b6-x2x9q.eu-central-1.compute.internal",
+        pid=4242,
+        kind=LOOP,
+        rows_last_minute=123456,
+        calls_running=16,
+        stuck_calls=2,
+        longest_call_seconds=3725.0,
+        longest_call="shard ORGANIZATION/1000000000000001, category ORGANIZATION_UPDATE, "
+        "given up at the timeout",
+    )
+    reason = "the CRM answers 503 since the deploy of 02:40; ticket OPS-4711 " * 3
+    call_command("outbox_pause", "pause", "--scope", "ORGANIZATION", "--reason", reason)
+    page = sized(open_admin, "/admin/outbox/shardlease/dashboard/?refresh=0", width)
     assert page.locator("table.failing-shards tr.state-warning").count() == 5
-    assert page.evaluate("document.documentElement.scrollWidth") <= WIDTH
+    assert page.locator("table.live-drains tr.drain.state-failing").count() == 1
+    assert page.locator("table.pauses tr.paused-part").count() >= 1
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
