@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from outbox.engine import drain_outboxes
 from outbox.models import RegionOutbox, ShardLease
+from outbox.models.drains import LOOP, record_beat
 from tests.browser.conftest import missing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory, failed_region_row
 from tests.testapp.categories import Category
@@ -116,7 +117,20 @@ def test_a_dead_workers_shard_shows_as_expired(open_admin):
     assert page.locator("td.field-scope").inner_text() == "ORGANIZATION"
 
 
-def test_the_dashboard_renders_its_figures(open_admin, tmp_path):
+def test_the_dashboard_renders_its_figures(open_admin, tmp_path, settings):
+    settings.OUTBOX_DRAIN_BEACON_SECONDS = 10.0  # drains are recorded: the live one listed
+    record_beat(
+        "default",
+        "web-2:5151",
+        expires_in=300.0,
+        host="web-2",
+        pid=5151,
+        kind=LOOP,
+        rows_last_minute=1840,
+        calls_running=1,
+        longest_call_seconds=7.0,  # past LONG_CALL_SECONDS: the warning colour
+        longest_call="shard ORGANIZATION/5, category ORGANIZATION_UPDATE",
+    )
     failed(3)
     failed(4, backoff_minutes=2)
     dead_worker_lease(6)
@@ -137,6 +151,12 @@ def test_the_dashboard_renders_its_figures(open_admin, tmp_path):
     control = page.locator('tbody[data-table="outbox.ControlOutbox"] tr.scope')
     assert control.first.get_attribute("data-scope") == "USER"
     assert control.locator("td.rows").first.inner_text() == "3"
+    drain = page.locator('table.live-drains tr[data-drain="web-2:5151"]')
+    assert drain.locator("td.longest-call").inner_text().startswith("7 s: shard ORGANIZATION/5")
+    assert (
+        "no drain alive"
+        in page.locator('p.no-drain[data-table="outbox.ControlOutbox"]').inner_text()
+    )
     update = os.environ.get("OUTBOX_UPDATE_SCREENSHOTS") == "1"
     shot = SCREENSHOT if update else tmp_path / SCREENSHOT.name
     page.screenshot(path=str(shot), full_page=True)
