@@ -16,7 +16,7 @@ from django.db import router, transaction
 from django.http import HttpRequest
 
 from outbox.admin.base import has_model_permission, may_view
-from outbox.backends.select import wake_loops
+from outbox.backends.select import notify_listeners
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.models import OutboxBase, OutboxPause, PausedPart, outbox_models
 from outbox.models.audit import record_pause
@@ -54,7 +54,7 @@ def pause_or_resume(request: HttpRequest) -> None:
             for resumed in found:
                 record_pause(request.user.pk, resumed, resumed=True)
             if found:
-                wake_loops(model, using)  # idle loops look again at once
+                notify_listeners(model, using)  # idle loops look again at once
             done = (
                 f"{part} of {model._meta.label} resumed: its messages are delivered again, "
                 "in order, from where they stopped"

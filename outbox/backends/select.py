@@ -124,7 +124,7 @@ def listeners(
     return found
 
 
-def wake_loops(model: type[OutboxBase], using: str) -> None:
+def notify_listeners(model: type[OutboxBase], using: str) -> None:
     """Tell the idle drain loops listening for `model`'s commits on `using` to look now
     (at the commit of the transaction under way), on the backend that listens for them:
     `OutboxBackend.notify_listeners`."""

@@ -636,8 +636,7 @@ SLOW_ONE_CALL_SECONDS = 0.005
 STALLED_CALL_SECONDS = 0.02
 # How long the drain waits for a window's last running shards before carving them out:
 # past STALLED_CALL_SECONDS, so a thread merely waiting for the CPU is not carved, and
-# short, since until then the window's next claim waits (a hung call held every other
-# shard for this long each time one hung).
+# short, since until then the window's next claim waits, and every other shard with it.
 STRAGGLER_SECONDS = 0.05
 
 

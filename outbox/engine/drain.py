@@ -69,7 +69,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -226,10 +226,8 @@ class BatchWorker:
                 round_ = Round()
                 delivered = False
                 try:
-                    if self._fast:
-                        with collector_paused():
-                            self._deliver(window, holding, round_)
-                    else:
+                    paused, self._fast = self._fast, False  # until this window is seen through
+                    with collector_paused() if paused else nullcontext():
                         self._deliver(window, holding, round_)
                     delivered = defer and not round_.running
                 finally:
@@ -293,13 +291,16 @@ class BatchWorker:
         # The mean call is taken over the window as a whole, not timed call by call: what
         # the engine adds per call is far below what tells a waiting receiver apart.
         calls, started = round_.receiver_calls, time.monotonic()
-        self._fast = False  # until this window is seen through
         deliverer.deliver_each(window.shards.items(), round_, holding)
         if round_.receiver_calls > calls:
-            made, seconds = round_.receiver_calls - calls, time.monotonic() - started
-            self._calls += made
-            self._call_seconds += seconds
-            self._fast = seconds < SLOW_CALL_SECONDS * made
+            self._count_calls(round_.receiver_calls - calls, time.monotonic() - started)
+
+    def _count_calls(self, made: int, seconds: float) -> None:
+        """A window's receiver calls and their time; whether they returned at once (and
+        needed no other slot), so that the next window is delivered paused."""
+        self._calls += made
+        self._call_seconds += seconds
+        self._fast = bool(made) and not self._wide and seconds < SLOW_CALL_SECONDS * made
 
     def _deliverer(self, holding: Holding) -> ShardDeliverer:
         return ShardDeliverer(
@@ -317,7 +318,6 @@ class BatchWorker:
         """Deliver the window's shards on the slots (`outbox.engine.slots`); shards still
         in a call when the rest are done go on as stragglers (`round_.running`)."""
         shards = list(window.shards.items())
-        self._fast = False  # until this window is seen through
         run = deliver_window(
             slots,
             shards,
@@ -327,13 +327,8 @@ class BatchWorker:
         )
         # Calls awaited on the loop need no slot: only slow calls on slots widen.
         self._wide = run.slow or any(not task.on_loop for task in run.carved)
-        made, seconds = 0, 0.0
-        for task in (*run.finished, *run.carved):
-            made += task.calls
-            seconds += task.call_seconds
-        self._calls += made
-        self._call_seconds += seconds
-        self._fast = bool(made) and not self._wide and seconds < SLOW_CALL_SECONDS * made
+        tasks = (*run.finished, *run.carved)
+        self._count_calls(sum(t.calls for t in tasks), sum(t.call_seconds for t in tasks))
         for task in run.finished:
             round_.merge(task.round)
         for task in run.carved:

@@ -12,9 +12,9 @@ A window of a few thousand rows builds tens of thousands of small objects (row t
 groups, messages) that all stay alive until the window is delivered. Building them
 with the collector on makes it run again and again over objects that cannot be garbage,
 and promotes them until a full collection walks every object of the process (all of
-Django's, in a worker): measured on ordered streams, about a third of the drain's time.
-None of these objects form cycles, so reference counting frees them when the window is
-done; nothing is left for the collector to find.
+Django's, in a worker); the bench's CPU section shows what that costs. None of these
+objects form cycles, so reference counting frees them when the window is done; nothing
+is left for the collector to find.
 
 The same holds while a window is delivered to receivers that return at once: each call
 makes its keyword arguments and the receiver's own objects, and with the collector on

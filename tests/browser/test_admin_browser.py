@@ -12,9 +12,10 @@ from django.utils import timezone
 
 from outbox.engine import drain_outboxes
 from outbox.models import RegionOutbox, ShardLease
-from outbox.models.drains import LOOP, record_beat
+from outbox.models.drains import LOOP
 from tests.browser.conftest import missing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory, failed_region_row
+from tests.test_drain_processes import a_drain
 from tests.testapp.categories import Category
 
 pytestmark = [
@@ -119,12 +120,9 @@ def test_a_dead_workers_shard_shows_as_expired(open_admin):
 
 def test_the_dashboard_renders_its_figures(open_admin, tmp_path, settings):
     settings.OUTBOX_DRAIN_BEACON_SECONDS = 10.0  # drains are recorded: the live one listed
-    record_beat(
-        "default",
+    a_drain(
         "web-2:5151",
         expires_in=300.0,
-        host="web-2",
-        pid=5151,
         kind=LOOP,
         rows_last_minute=1840,
         calls_running=1,

@@ -9,10 +9,11 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from outbox.models.drains import LOOP, record_beat
+from outbox.models.drains import LOOP
 from tests.browser import test_admin_browser
 from tests.browser.conftest import missing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory, failed_region_row
+from tests.test_drain_processes import a_drain
 
 pytestmark = [
     pytest.mark.browser,
@@ -102,12 +103,9 @@ def test_the_dashboard_is_no_wider_than_the_window(open_admin, settings, width):
     settings.OUTBOX_DRAIN_BEACON_SECONDS = 10.0  # drains are recorded: listed
     failing_rows("regionoutbox")
     # A drain on a long host name whose longest call names a long shard and category.
-    record_beat(
-        "default",
+    a_drain(
         "worker-7f9c4d8b6-x2x9q.eu-central-1.compute.internal:4242",
         expires_in=300.0,
-        host="worker-7f9c4d8b6-x2x9q.eu-central-1.compute.internal",
-        pid=4242,
         kind=LOOP,
         rows_last_minute=123456,
         calls_running=16,

@@ -17,7 +17,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router, transaction
 
-from outbox.backends.select import wake_loops
+from outbox.backends.select import notify_listeners
 from outbox.management.arguments import (
     add_audit_arguments,
     audit_user,
@@ -94,7 +94,7 @@ class Command(BaseCommand):
             for resumed in found:
                 record_pause(user_id, resumed, resumed=True, how=HOW)
         if found:
-            wake_loops(model, using)  # idle loops look again at once
+            notify_listeners(model, using)  # idle loops look again at once
         return "Resumed" if found else "Was not paused:"
 
     def _list(self, tables: list[type[OutboxBase]], alias: str | None, as_json: bool) -> None:
