@@ -19,6 +19,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection
+from django.db.models import Sum
 from django.urls import reverse
 from django.utils import timezone
 
@@ -26,8 +27,8 @@ from outbox.engine import DrainWorker
 from outbox.engine.slots import running_calls
 from outbox.health.beacon import BEAT_FILE, DrainBeacon, live_drains, process_name
 from outbox.metrics.prometheus import sweep_dead_processes
-from outbox.models import OutboxDrainProcess, RegionOutbox, ShardLease
-from outbox.models.drains import CELERY, LOOP, record_beat
+from outbox.models import OutboxDrainMinute, OutboxDrainProcess, RegionOutbox, ShardLease
+from outbox.models.drains import CELERY, KEPT_MINUTES, LOOP, record_beat, record_minute
 from tests.conftest import committing, server_database_only
 from tests.factories import RegionOutboxFactory
 from tests.workers import Process, wait_until, worker_env
@@ -137,6 +138,44 @@ def test_a_beat_records_rows_in_the_last_minute_and_the_longest_call(hung_call):
         assert drain.calls_running == 1 and drain.stuck_calls == 0
         assert drain.longest_call_seconds >= 0.2
         assert drain.longest_call.startswith("shard ") and "/9, category " in drain.longest_call
+
+
+def test_beats_add_the_rows_retired_and_the_lag_they_saw_to_the_minute():
+    beacon = DrainBeacon(LOOP, ["default"], every=10.0)
+    other = DrainBeacon(LOOP, ["default"], every=10.0)  # a second drain process's
+    beacon.beat()
+    for shard in range(3):
+        RegionOutboxFactory(shard_identifier=shard)
+    DrainWorker([RegionOutbox]).run()
+    waiting = RegionOutboxFactory(shard_identifier=9)
+    RegionOutbox.objects.filter(pk=waiting.pk).update(
+        date_added=timezone.now() - timedelta(seconds=40)
+    )
+    beacon.beat()
+    other.beat()
+    minutes = list(OutboxDrainMinute.objects.all())
+    if len(minutes) == 2:  # the beats straddled a minute's end: sum them
+        minutes = [
+            OutboxDrainMinute(
+                rows_retired=sum(m.rows_retired for m in minutes),
+                lag_seconds=max(m.lag_seconds for m in minutes),
+            )
+        ]
+    [minute] = minutes
+    assert minute.rows_retired == 3 + 3  # each beacon adds its process's rows since it began
+    assert 40 <= minute.lag_seconds < 60  # the waiting row's age, the oldest due
+    assert not OutboxDrainMinute.objects.using("control").filter(rows_retired__gt=0).exists()
+
+
+def test_minutes_past_the_kept_hour_and_a_half_are_deleted_by_the_next_record():
+    now = timezone.now().replace(second=0, microsecond=0)
+    record_minute("default", now - timedelta(minutes=KEPT_MINUTES + 1), 5, 0.0)
+    record_minute("default", now - timedelta(minutes=KEPT_MINUTES - 1), 6, 0.0)
+    record_minute("default", now, 7, 1.5)
+    record_minute("default", now, 1, 0.5)  # a second drain's beat in the same minute
+    kept = dict(OutboxDrainMinute.objects.values_list("minute", "rows_retired"))
+    assert kept == {now - timedelta(minutes=KEPT_MINUTES - 1): 6, now: 8}
+    assert OutboxDrainMinute.objects.get(minute=now).lag_seconds == 1.5
 
 
 def last_beat():
@@ -263,6 +302,46 @@ def test_the_dashboard_lists_live_drains_and_highlights_a_long_call(admin_client
     a_drain(stuck_calls=1, longest_call_seconds=1.0)
     page = admin_client.get(reverse(DASHBOARD)).content.decode()
     assert '<tr class="drain state-failing" data-drain="web-1:42">' in page
+
+
+def test_the_dashboard_draws_the_last_hours_rows_and_lag_per_minute(admin_client):
+    page = admin_client.get(reverse(DASHBOARD)).content.decode()
+    assert "nothing recorded: no\n      drain has beaten in this hour." in page
+    now = timezone.now().replace(second=0, microsecond=0)
+    record_minute("default", now - timedelta(minutes=2), 300, 0.2)
+    record_minute("default", now - timedelta(minutes=1), 1200, 4.0)
+    record_minute("default", now - timedelta(minutes=90), 99999, 600.0)  # not this hour
+    page = admin_client.get(reverse(DASHBOARD)).content.decode()
+    chart = page.split('<figure class="activity" data-table="outbox.RegionOutbox">')[1]
+    chart = chart.split("</figure>")[0]
+    assert "1500 rows retired, the busiest\n      minute 1200" in chart
+    assert "up to 4 s" in chart and "in the last\n      minute" not in chart  # none this minute
+    assert chart.count('<rect class="bar"') == 60
+    bars = chart.split('<rect class="bar"')[1:]
+    assert 'height="80.0"' in bars[58] and "1200 rows retired, lag 4 s" in bars[58]
+    assert 'height="20.0"' in bars[57] and 'height="0.0"' in bars[0]
+    assert '<polyline class="lag" points="575,76 585,0"' in chart
+    # ControlOutbox's database recorded nothing.
+    control = page.split('<figure class="activity" data-table="outbox.ControlOutbox">')[1]
+    assert "nothing recorded" in control.split("</figure>")[0]
+
+
+@server_database_only
+def test_a_running_drain_records_its_rows_per_minute(tmp_path):
+    drainer = drain_loop(tmp_path, beat_seconds=0.5)
+    try:
+        for shard in range(20):
+            RegionOutboxFactory(shard_identifier=shard)
+        retired = OutboxDrainMinute.objects.aggregate(n=Sum("rows_retired"))
+        wait_until(
+            lambda: (OutboxDrainMinute.objects.aggregate(n=Sum("rows_retired"))["n"] or 0) >= 20,
+            timeout=30,
+            message=drainer.output(),
+        )
+        assert retired  # read while it ran
+    finally:
+        drainer.stop()
+    assert OutboxDrainMinute.objects.aggregate(n=Sum("rows_retired"))["n"] == 20
 
 
 def test_the_dashboard_says_when_drains_are_not_recorded(admin_client):

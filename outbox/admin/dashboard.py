@@ -19,6 +19,9 @@ this module only shapes them for the template, with a few bounded queries of its
   last minute and calls running, the longest call in the warning colour from
   `LONG_CALL_SECONDS` (failing when calls were given up at the timeout); none alive is
   said in the failing colour;
+- `activity_chart`: the last hour of the drains of the table's database, as their beacons
+  record it per minute (`outbox.models.drains.OutboxDrainMinute`): rows retired per minute
+  as bars, the lag they sampled (oldest due message) as a line, drawn as inline SVG;
 - `drain_activity`: what the leases tell of the drains besides (a lease renewed within
   the lease length, the last claim, how long retry-due shards have waited);
 - `state_of`: ok / warning / failing for the colour and the word of each line; a
@@ -46,12 +49,17 @@ from outbox.exceptions import InvalidOutboxMessage
 from outbox.health.beacon import live_drains
 from outbox.health.snapshot import table_status
 from outbox.models import OutboxBase, ShardLease
+from outbox.models.drains import recent_minutes
 
 # Failing shards listed per table.
 FAILING_SHARDS = 10
 
 # A receiver call running this long is shown in the warning colour.
 LONG_CALL_SECONDS = 5.0
+
+# The activity chart: minutes shown, and its drawing area in SVG units (one bar a minute).
+CHART_MINUTES = 60
+CHART_WIDTH, CHART_HEIGHT, BAR_WIDTH = 600, 80, 10
 
 # Dashboard column: key in a table_status scope entry.
 SCOPE_COLUMNS = {
@@ -88,7 +96,14 @@ def dashboard_tables(
 ) -> list[dict[str, Any]]:
     """The figures of each table of `models`, in that order."""
     drains: dict[str, list[dict[str, Any]]] = {}  # by database, read once each
-    return [table_figures(model, site_name, drains) for model in models]
+    charts: dict[str, dict[str, Any]] = {}
+    tables = [table_figures(model, site_name, drains) for model in models]
+    for table in tables:
+        alias = table["database"]
+        if alias not in charts:
+            charts[alias] = activity_chart(alias)
+        table["activity"] = charts[alias]
+    return tables
 
 
 def table_figures(
@@ -130,7 +145,15 @@ def table_figures(
         "drains": drain_activity(model, alias),
         "live_drains": drains[alias],
         "drains_recorded": bool(outbox_settings.DRAIN_BEACON_SECONDS),
-        "pauses": status["paused"],
+        "pauses": [
+            {
+                **paused,
+                "paused_for": age(
+                    _seconds(timezone.now(), datetime.fromisoformat(paused["paused_at"]))
+                ),
+            }
+            for paused in status["paused"]
+        ],
     }
     figures["state"] = state_of(figures)
     return figures
@@ -252,6 +275,54 @@ def drain_activity(model: type[OutboxBase], alias: str) -> dict[str, Any]:
         "retry_due": retry_due["n"],
         "retry_due_for": age(_seconds(now, retry_due["since"])) if retry_due["since"] else "",
     }
+
+
+def activity_chart(alias: str, now: datetime | None = None) -> dict[str, Any]:
+    """The last CHART_MINUTES minutes of database `alias` (see the module doc): each
+    minute's bar (its rows retired, scaled to the busiest minute), the lag line through
+    the minutes recorded (scaled to the highest lag), and the totals the page states."""
+    now = (now or timezone.now()).replace(second=0, microsecond=0)
+    first = now - timedelta(minutes=CHART_MINUTES - 1)
+    recorded = recent_minutes(alias, first)
+    minutes = [first + timedelta(minutes=index) for index in range(CHART_MINUTES)]
+    rows = [recorded.get(minute, (0, 0.0))[0] for minute in minutes]
+    lags = [recorded[minute][1] if minute in recorded else None for minute in minutes]
+    peak_rows = max(rows, default=0)
+    peak_lag = max((lag for lag in lags if lag is not None), default=0.0)
+    bars, points = [], []
+    for index, (minute, count, lag) in enumerate(zip(minutes, rows, lags, strict=True)):
+        height = round(CHART_HEIGHT * count / peak_rows, 1) if peak_rows else 0.0
+        bars.append(
+            {
+                "x": index * BAR_WIDTH,
+                "y": round(CHART_HEIGHT - height, 1),
+                "height": height,
+                "title": f"{_clock(minute)}: {count} rows retired"
+                + (f", lag {age(lag)}" if lag is not None else ""),
+            }
+        )
+        if lag is not None:
+            y = CHART_HEIGHT - (CHART_HEIGHT * lag / peak_lag if peak_lag else 0.0)
+            points.append(f"{index * BAR_WIDTH + BAR_WIDTH / 2:g},{round(y, 1):g}")
+    return {
+        "recorded": bool(recorded),
+        "bars": bars,
+        "lag_points": " ".join(points),
+        "rows": sum(rows),
+        "peak_rows": peak_rows,
+        "peak_lag": age(peak_lag) if recorded else "",
+        "last_lag": age(lags[-1]) if lags[-1] is not None else "",
+        "width": CHART_WIDTH,
+        "height": CHART_HEIGHT,
+        "minutes": CHART_MINUTES,
+        "since": _clock(first),
+        "until": _clock(now),
+    }
+
+
+def _clock(moment: datetime) -> str:
+    """HH:MM in the current time zone."""
+    return f"{timezone.localtime(moment) if timezone.is_aware(moment) else moment:%H:%M}"
 
 
 def drain_figures(drain: dict[str, Any]) -> dict[str, Any]:

@@ -8,10 +8,13 @@ it records the process in `OutboxDrainProcess` (`outbox.models.drains`), in each
 database the process drains, on a connection of its own: host, pid, kind, rows retired
 in the last minute (`DrainWorker.rows_retired`), the receiver calls running now and the
 longest of them (`outbox.engine.slots.running_calls`, which reads what the engine keeps
-anyway). A record is alive for `BEATS_TO_EXPIRY` beats after its last one, on the
-database clock; every beat deletes the records past that, and a beacon that stops
-(the drain ends, SIGTERM) deletes its own at once. A database that cannot be reached
-costs that beat there (logged once), never the drain.
+anyway). Each beat also adds to the minute's activity there (`OutboxDrainMinute`, the
+dashboard's chart): the rows retired since the last beat, and the lag it samples, the
+age of the oldest due message of the database's outbox tables (one query per table,
+reading the first due row by id). A record is alive for `BEATS_TO_EXPIRY` beats after
+its last one, on the database clock; every beat deletes the records past that, and a
+beacon that stops (the drain ends, SIGTERM) deletes its own at once. A database that
+cannot be reached costs that beat there (logged once), never the drain.
 
 In Prometheus' multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the beacon also
 keeps a beat file in that directory, whose modification time is its record's expiry:
@@ -40,13 +43,14 @@ from typing import Any
 from django.db import DatabaseError, connections, router
 from django.db.models import Count
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.engine import DrainWorker
 from outbox.engine.slots import RunningCall, running_calls
 from outbox.models import OutboxBase, OutboxDrainProcess, ShardLease, outbox_models
-from outbox.models.drains import BEATS_TO_EXPIRY, forget, record_beat
+from outbox.models.drains import BEATS_TO_EXPIRY, forget, record_beat, record_minute
 from outbox.periodic import OnePerProcess, Periodic
 
 __all__ = [
@@ -123,6 +127,8 @@ class DrainBeacon(Periodic):
         self.name = process_name()
         self.pid = os.getpid()
         self._samples: deque[tuple[float, int]] = deque()
+        # Rows retired by this process as of the last beat (`beat` adds the rest).
+        self._rows_recorded = DrainWorker.rows_retired()
         self._failing: set[str] = set()
 
     def tick(self) -> None:
@@ -157,9 +163,13 @@ class DrainBeacon(Periodic):
         fields = {"host": socket.gethostname()[:100], "pid": self.pid, "kind": self.kind}
         fields.update(self.state())
         expires_in = self.every * BEATS_TO_EXPIRY
+        rows = DrainWorker.rows_retired()
+        new_rows, self._rows_recorded = max(rows - self._rows_recorded, 0), rows
+        minute = timezone.now().replace(second=0, microsecond=0)
         for alias in self.databases:
             try:
                 record_beat(alias, self.name, expires_in=expires_in, **fields)
+                record_minute(alias, minute, new_rows, oldest_due_age(alias))
             except DatabaseError:
                 self._lost(alias)
             else:
@@ -209,6 +219,20 @@ class DrainBeacon(Periodic):
             os.utime(path, (expires, expires))
         except OSError:  # a directory not writable: the gauges go when the process does
             pass
+
+
+def oldest_due_age(using: str) -> float:
+    """Seconds since the oldest due message of the outbox tables on `using` was written
+    (those routed there; every table for a database none is routed to), by the first
+    due row of each by id: 0.0 when none is due."""
+    models = [model for model in outbox_models() if router.db_for_write(model) == using]
+    oldest = None
+    for model in models or outbox_models():
+        due = model._default_manager.using(using).pending().filter(scheduled_for__lte=Now())
+        first = due.order_by("id").values_list("date_added", flat=True).first()
+        if first is not None and (oldest is None or first < oldest):
+            oldest = first
+    return max((timezone.now() - oldest).total_seconds(), 0.0) if oldest else 0.0
 
 
 def expired_beats(directory: str) -> list[int]:

@@ -5,7 +5,7 @@ This layer never imports the write path or the engine: rows hand their saves to 
 write path through `OutboxBase.write_path`, which the app installs when it is ready.
 """
 
-from outbox.models.drains import OutboxDrainProcess, OutboxDrainProcessQuerySet
+from outbox.models.drains import OutboxDrainMinute, OutboxDrainProcess, OutboxDrainProcessQuerySet
 from outbox.models.inbox import InboxRecord, InboxRecordQuerySet
 from outbox.models.lease import ShardLease, ShardLeaseQuerySet, any_shard
 from outbox.models.outbox import (
@@ -23,6 +23,7 @@ __all__ = [
     "InboxRecord",
     "InboxRecordQuerySet",
     "OutboxBase",
+    "OutboxDrainMinute",
     "OutboxDrainProcess",
     "OutboxDrainProcessQuerySet",
     "OutboxPause",

@@ -9,22 +9,31 @@ receiver calls running and the longest of them). Each beat moves the row's expir
 (killed, frozen, its host gone) is no longer alive once that passes, whatever the
 reader's own settings; any beat deletes the rows past their expiry, and a drain that
 stops cleanly deletes its own at once.
+
+The same beats keep the last hour of activity per database, a row of `OutboxDrainMinute`
+per minute (`record_minute`): the rows the drains retired in that minute (each beat adds
+its process's rows since its last beat) and the lag the beats saw (the age of the oldest
+due message of the database's outbox tables, the highest sampled in that minute). The
+admin dashboard draws them; rows older than `KEPT_MINUTES` are deleted by the beats.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import models
-from django.db.models import DateTimeField, ExpressionWrapper, Value
-from django.db.models.functions import Now
+from django.db import IntegrityError, models
+from django.db.models import DateTimeField, ExpressionWrapper, F, Value
+from django.db.models.functions import Greatest, Now
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 # A drain is alive until it has missed this many beats.
 BEATS_TO_EXPIRY = 3
+
+# Minutes of activity kept (`OutboxDrainMinute`): the dashboard's hour and a margin.
+KEPT_MINUTES = 90
 
 # What runs the drain, as `kind` records it.
 LOOP, CELERY, DJANGO_TASKS = "loop", "celery", "django-tasks"
@@ -93,3 +102,43 @@ def forget(using: str, name: str) -> int:
     """Delete the row of drain `name` on database `using` (it stops); how many."""
     deleted: int = OutboxDrainProcess.objects.using(using).named(name).delete()[0]
     return deleted
+
+
+class OutboxDrainMinute(models.Model):
+    """One minute of the drains' activity on this database (see the module doc)."""
+
+    minute = models.DateTimeField(unique=True, help_text="Start of the minute (UTC).")
+    rows_retired = models.BigIntegerField(default=0)
+    lag_seconds = models.FloatField(default=0.0, help_text="Highest oldest-due age sampled.")
+
+    class Meta:
+        verbose_name = "outbox drain minute"
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M}: {self.rows_retired} rows retired"
+
+
+def record_minute(using: str, minute: datetime, rows: int, lag_seconds: float) -> None:
+    """Add `rows` to `minute`'s row on `using` and raise its lag to `lag_seconds`;
+    beats of several drains meet in one row. Each statement commits on its own."""
+    minutes = OutboxDrainMinute.objects.using(using)
+    change = {
+        "rows_retired": F("rows_retired") + rows,
+        "lag_seconds": Greatest("lag_seconds", Value(lag_seconds)),
+    }
+    if minutes.filter(minute=minute).update(**change):
+        return
+    try:
+        minutes.create(minute=minute, rows_retired=rows, lag_seconds=lag_seconds)
+    except IntegrityError:  # another drain's beat created it meanwhile
+        minutes.filter(minute=minute).update(**change)
+    minutes.filter(minute__lt=minute - timedelta(minutes=KEPT_MINUTES)).delete()
+
+
+def recent_minutes(using: str, since: datetime) -> dict[datetime, tuple[int, float]]:
+    """The recorded minutes from `since` on: minute -> (rows retired, lag seconds)."""
+    found = OutboxDrainMinute.objects.using(using).filter(minute__gte=since)
+    return {
+        row["minute"]: (row["rows_retired"], row["lag_seconds"])
+        for row in found.values("minute", "rows_retired", "lag_seconds")
+    }

@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from outbox.models.drains import LOOP
+from outbox.models.drains import LOOP, record_minute
 from tests.browser import test_admin_browser
 from tests.browser.conftest import missing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory, failed_region_row
@@ -114,10 +114,20 @@ def test_the_dashboard_is_no_wider_than_the_window(open_admin, settings, width):
         longest_call="shard ORGANIZATION/1000000000000001, category ORGANIZATION_UPDATE, "
         "given up at the timeout",
     )
+    now = timezone.now().replace(second=0, microsecond=0)
+    for minutes_ago in range(60):
+        record_minute("default", now - timedelta(minutes=minutes_ago), 60000 + minutes_ago, 2.5)
     reason = "the CRM answers 503 since the deploy of 02:40; ticket OPS-4711 " * 3
     call_command("outbox_pause", "pause", "--scope", "ORGANIZATION", "--reason", reason)
     page = sized(open_admin, "/admin/outbox/shardlease/dashboard/?refresh=0", width)
     assert page.locator("table.failing-shards tr.state-warning").count() == 5
     assert page.locator("table.live-drains tr.drain.state-failing").count() == 1
     assert page.locator("table.pauses tr.paused-part").count() >= 1
+    chart = page.locator('figure.activity[data-table="outbox.RegionOutbox"] svg.activity-chart')
+    assert chart.locator("rect.bar").count() == 60 and chart.bounding_box()["width"] <= width
+    # A scope's name is never broken inside the word.
+    scope = page.locator("table.failing-shards td.scope").first
+    lines = "cell => { const r = document.createRange(); r.selectNodeContents(cell); "
+    lines += "return r.getClientRects().length }"
+    assert scope.evaluate(lines) == 1, scope.inner_text()
     assert page.evaluate("document.documentElement.scrollWidth") <= width

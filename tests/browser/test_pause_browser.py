@@ -2,6 +2,8 @@
 scope, sees it paused, messages written to it meanwhile wait (neither the flush after
 commit nor a drain delivers them), and once resumed all of them are delivered, in order."""
 
+import re
+
 import pytest
 from django.db import transaction
 
@@ -42,6 +44,9 @@ def test_an_operator_pauses_a_scope_and_resumes_it_with_nothing_lost(open_admin,
     assert scope.locator("td.state").inner_text() == "paused"
     assert scope.locator("strong.paused").inner_text() == "paused"
     assert page.locator("table.pauses tr.paused-part").inner_text().startswith("scope ORGANIZATION")
+    since = page.locator("table.pauses tr.paused-part td.since")
+    assert re.fullmatch(r"\d+ s ago", since.inner_text()), since.inner_text()
+    assert since.get_attribute("title").startswith(str(OutboxPause.objects.get().paused_at.year))
 
     write(2, flush=True)  # the flush after commit claims nothing
     write(3, flush=True)
