@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from outbox.engine import drain_outboxes
 from outbox.models import RegionOutbox, ShardLease
-from outbox.models.drains import LOOP
+from outbox.models.drains import LOOP, record_minute
 from tests.browser.conftest import missing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory, failed_region_row
 from tests.test_drain_processes import a_drain
@@ -136,6 +136,11 @@ def test_the_dashboard_renders_its_figures(open_admin, tmp_path, settings):
         RegionOutboxFactory(shard_identifier=shard, category=Category.ORGANIZATION_UPDATE)
     ControlOutboxFactory.create_batch(3)
     RegionOutbox.objects.update(date_added=timezone.now() - timedelta(minutes=3))
+    # The hour the drains recorded: steady, until the failing shards of the last minutes.
+    now = timezone.now().replace(second=0, microsecond=0)
+    for ago in range(1, 60):
+        rows, lag = (1500 + ago * 37 % 400, 0.4) if ago > 3 else (300 // ago, 60.0 * (4 - ago))
+        record_minute("default", now - timedelta(minutes=ago), rows, lag)
     page = open_admin("/admin/")
     page.get_by_role("link", name="Dashboard").first.click()
     page.wait_for_load_state()
@@ -155,6 +160,9 @@ def test_the_dashboard_renders_its_figures(open_admin, tmp_path, settings):
         "no drain alive"
         in page.locator('p.no-drain[data-table="outbox.ControlOutbox"]').inner_text()
     )
+    chart = page.locator('figure.activity[data-table="outbox.RegionOutbox"]')
+    assert "the busiest minute 1898" in chart.inner_text()
+    assert chart.locator("rect.bar").count() == 60 and chart.locator("polyline.lag").count() == 1
     update = os.environ.get("OUTBOX_UPDATE_SCREENSHOTS") == "1"
     shot = SCREENSHOT if update else tmp_path / SCREENSHOT.name
     page.screenshot(path=str(shot), full_page=True)
