@@ -145,6 +145,7 @@ def table_figures(
         "drains": drain_activity(model, alias),
         "live_drains": drains[alias],
         "drains_recorded": bool(outbox_settings.DRAIN_BEACON_SECONDS),
+        "regions": "region_name" in model.shard_fields,
         "pauses": [
             {
                 **paused,

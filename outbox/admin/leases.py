@@ -19,7 +19,7 @@ import outbox.admin.bulk as bulk
 from outbox.admin.base import OperatorAdmin, has_model_permission, may_view
 from outbox.admin.dashboard import dashboard_tables
 from outbox.admin.filters import LEASE_STATES, LeaseStateFilter, ScopeFilter
-from outbox.admin.pauses import may_pause, may_resume, pause_or_resume
+from outbox.admin.pauses import may_pause, may_resume, pause_choices, pause_or_resume
 from outbox.categories import registry
 from outbox.models import OutboxBase, ShardLease, ShardLeaseQuerySet, outbox_models
 from outbox.models.audit import WITH_SHARD, Audit
@@ -148,6 +148,7 @@ class ShardLeaseAdmin(OperatorAdmin):
             "pause_url": reverse(f"{self.admin_site.name}:{PAUSE_URL_NAME}"),
             "may_pause": may_pause(request),
             "may_resume": may_resume(request),
+            "pause_choices": pause_choices(),
             # ?refresh=0 turns the page's own refresh off.
             "refresh_seconds": 0 if request.GET.get("refresh") == "0" else REFRESH_SECONDS,
         }

@@ -1,5 +1,7 @@
 """Pausing and resuming from the dashboard: a scope, a shard or a category of one outbox
-table (`outbox.models.pause`), by a POST from the dashboard's forms.
+table (`outbox.models.pause`), by a POST from the dashboard's forms (a scope's button on
+its line; per table, a form for a shard, by scope, identifier and region, and one for a
+category, offering the declared scopes and categories by name: `pause_choices`).
 
 Who may: a user who may view the table (as the dashboard shows it) and has the pause
 model's own permission: `outbox.add_outboxpause` to pause, `outbox.delete_outboxpause`
@@ -17,6 +19,7 @@ from django.http import HttpRequest
 
 from outbox.admin.base import has_model_permission, may_view
 from outbox.backends.select import notify_listeners
+from outbox.categories import registry
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.models import OutboxBase, OutboxPause, PausedPart, outbox_models
 from outbox.models.audit import record_pause
@@ -29,6 +32,16 @@ def may_pause(request: HttpRequest) -> bool:
 
 def may_resume(request: HttpRequest) -> bool:
     return has_model_permission(request, "delete", OutboxPause)
+
+
+def pause_choices() -> dict[str, list[tuple[int, str]]]:
+    """The scopes and categories the dashboard's pause forms offer: (value, name)."""
+    return {
+        "scopes": [(value, registry.scope_name(value)) for value in sorted(registry.scopes)],
+        "categories": [
+            (value, registry.category_name(value)) for value in sorted(registry.categories)
+        ],
+    }
 
 
 def pause_or_resume(request: HttpRequest) -> None:

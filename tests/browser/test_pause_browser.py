@@ -73,3 +73,48 @@ def test_a_view_only_user_is_offered_no_pause(open_admin):
     scope = page.locator(SCOPE_LINE)
     assert scope.locator("td.rows").inner_text() == "1"
     assert scope.get_by_role("button").count() == 0
+    assert page.locator("details.pause-more").count() == 0  # nor a shard's or a category's
+
+
+def test_an_operator_pauses_one_shard_and_a_category_from_the_dashboards_forms(open_admin, calls):
+    page = open_admin(DASHBOARD)
+    more = page.locator('details.pause-more[data-table="outbox.RegionOutbox"]')
+    more.locator("summary").click()
+    shard_form = more.locator("form.pause-shard")
+    shard_form.locator('select[name="scope"]').select_option(label="ORGANIZATION")
+    shard_form.locator('input[name="shard"]').fill("3")
+    shard_form.locator('input[name="reason"]').fill("partner down")
+    shard_form.get_by_role("button", name="Pause the shard").click()
+    page.wait_for_load_state()
+    assert "Shard ORGANIZATION/3 of outbox.RegionOutbox paused." in page.inner_text(
+        "ul.messagelist"
+    )
+    paused = page.locator("table.pauses tr.paused-part")
+    assert paused.count() == 1 and paused.inner_text().startswith("shard ORGANIZATION/3")
+    assert "partner down" in paused.inner_text()
+
+    for shard in (3, 4):
+        with transaction.atomic():
+            RegionOutboxFactory(shard_identifier=shard, payload={"v": shard})
+    drain_outboxes()
+    assert [call["payload"]["v"] for call in calls.calls] == [4]  # shard 3 waits
+
+    more = page.locator('details.pause-more[data-table="outbox.RegionOutbox"]')
+    more.locator("summary").click()
+    category_form = more.locator("form.pause-category")
+    category_form.locator('select[name="category"]').select_option(label="ORGANIZATION_UPDATE")
+    category_form.get_by_role("button", name="Pause the category").click()
+    page.wait_for_load_state()
+    parts = page.locator("table.pauses tr.paused-part")
+    assert parts.count() == 2
+    assert parts.nth(1).inner_text().startswith("category ORGANIZATION_UPDATE")
+    assert OutboxPause.objects.filter(category__isnull=False).count() == 1
+
+    for _ in range(2):  # resume both, from the paused list
+        page.locator("table.pauses tr.paused-part").first.get_by_role(
+            "button", name="Resume"
+        ).click()
+        page.wait_for_load_state()
+    assert not OutboxPause.objects.exists()
+    drain_outboxes()
+    assert [call["payload"]["v"] for call in calls.calls] == [4, 3]
