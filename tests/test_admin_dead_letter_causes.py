@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-import outbox.admin.causes as causes
+import outbox.admin.dead_letter_causes as causes
 from outbox.models import ControlOutbox, RegionOutbox
 from outbox.models.causes import cause_of
 from tests.conftest import committing

@@ -42,7 +42,7 @@ from django.db.models import Count, Max, Min
 from django.urls import reverse
 from django.utils import timezone
 
-from outbox.admin.causes import url_name
+from outbox.admin.dead_letter_causes import url_name
 from outbox.categories import registry
 from outbox.conf import outbox_settings
 from outbox.exceptions import InvalidOutboxMessage

@@ -1,5 +1,5 @@
 """The messages of each outbox table, by name, with retry and discard actions; their dead
-letters by cause on a page of their own (`outbox.admin.causes`)."""
+letters by cause on a page of their own (`outbox.admin.dead_letter_causes`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 import outbox.admin.bulk as bulk
-from outbox.admin.causes import DeadLetterCausesAdmin
+from outbox.admin.dead_letter_causes import DeadLetterCausesAdmin
 from outbox.admin.filters import CategoryFilter, DeliveryStateFilter, ScopeFilter
 from outbox.categories import registry
 from outbox.models import ControlOutbox, OutboxBase, RegionOutbox

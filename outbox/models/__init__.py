@@ -6,7 +6,7 @@ write path through `OutboxBase.write_path`, which the app installs when it is re
 """
 
 from outbox.models.drains import OutboxDrainMinute, OutboxDrainProcess, OutboxDrainProcessQuerySet
-from outbox.models.inbox import InboxRecord, InboxRecordQuerySet
+from outbox.models.inbox_records import InboxRecord, InboxRecordQuerySet
 from outbox.models.lease import ShardLease, ShardLeaseQuerySet, any_shard
 from outbox.models.outbox import (
     ControlOutbox,
