@@ -39,8 +39,7 @@ from outbox.backends.base import (
     Window,
     coalesce,
 )
-from outbox.backends.mariadb.errors import is_lock_error as mariadb_lock_error
-from outbox.backends.postgresql.errors import is_lock_error as postgresql_lock_error
+from outbox.backends.lock_errors import mariadb_lock_error, postgresql_lock_error
 from outbox.models import (
     OutboxBase,
     OutboxPause,

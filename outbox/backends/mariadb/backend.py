@@ -35,7 +35,7 @@ from outbox.backends.base import (
     Window,
     coalesce,
 )
-from outbox.backends.mariadb.errors import is_lock_error
+from outbox.backends.lock_errors import mariadb_lock_error as is_lock_error
 from outbox.backends.mariadb.statements import (
     REGION_COLLATIONS,
     Regions,
