@@ -1,15 +1,10 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from django.apps import AppConfig
 
 from outbox.exceptions import OutboxConfigurationError
-
-if TYPE_CHECKING:
-    from outbox.cursors import CommitWithInsert
-    from outbox.writes.context import FlushBounds
 
 # The package's name: operators route and silence "outbox.metrics".
 logger = logging.getLogger("outbox.metrics")
@@ -25,34 +20,23 @@ class OutboxConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         import outbox.checks  # noqa: F401  (registers the system checks)
-        from outbox.backends.select import after_migrate
-        from outbox.writes import path
+        from outbox.backends.select import after_migrate, commit_with_last_insert
+        from outbox.engine.drain import flush_shards
+        from outbox.engine.eager import deliver_eagerly
+        from outbox.writes import context, path
 
         path.install()
+        context.install(
+            context.LayersAbove(
+                flush=flush_shards,
+                commit_with_last_insert=commit_with_last_insert,
+                flush_in_test_transaction=deliver_eagerly,
+            )
+        )
         _install_metrics()
         # After every migrate: what each database's backend sets up beyond the tables
         # (PostgreSQL's NOTIFY trigger on each outbox table).
         post_migrate.connect(after_migrate, sender=self, dispatch_uid="outbox.notify_triggers")
-
-    # What the write path asks of the layers above it (`outbox.writes.context.LayersAbove`).
-
-    def flush(self, using: str, bounds: FlushBounds) -> object:
-        """Deliver the shards a committed transaction wrote (the synchronous flush)."""
-        from outbox.engine.flush import flush_shards
-
-        return flush_shards(using, bounds)
-
-    def commit_with_last_insert(self, using: str) -> CommitWithInsert | None:
-        """The database's backend's COMMIT-with-the-last-INSERT, where it has one."""
-        from outbox.backends.select import commit_with_last_insert
-
-        return commit_with_last_insert(using)
-
-    def flush_in_test_transaction(self, using: str, bounds: FlushBounds) -> object:
-        """Deliver inside `django.test.TestCase`'s transaction (eager delivery)."""
-        from outbox.engine.flush import deliver_eagerly
-
-        return deliver_eagerly(using, bounds)
 
 
 def _install_metrics() -> None:

@@ -229,18 +229,55 @@ def test_claim_and_read_stop_at_the_first_row_not_yet_due(backend):
     assert window.incomplete == set()
 
 
-def claims_and_reads(backend):
+def claims_and_reads(backend, method="claim_and_read"):
     """Skip unless `backend` must claim and read in one step. PostgreSQL's fast path must:
     there the base class's None ("claim, then read") is a failure, not a reason to skip.
-    So must any other backend that has a `claim_and_read` of its own; the rest have none
-    and the engine claims, then reads."""
+    So must any other backend that has a `claim_and_read` (or `claim_due_and_read`) of
+    its own; the rest have none and the engine claims, then reads."""
     database = connections[backend.using]
     fast_postgres = database.vendor == "postgresql" and PostgresBackend.supports(database)
     if django_settings.OUTBOX_FAST_PATH and fast_postgres:
         assert isinstance(backend, PostgresBackend), backend
         return
-    if type(backend).claim_and_read is OutboxBackend.claim_and_read:
+    if getattr(type(backend), method) is getattr(OutboxBackend, method):
         pytest.skip(f"{type(backend).__name__} claims, then reads")
+
+
+def test_a_claim_of_due_shards_with_its_read_takes_what_a_claim_takes(backend):
+    """A drain loop's claim with its first read (`claim_due_and_read`): the due, free
+    shards a claim takes (not one another lease holds, not one whose first row waits),
+    in key order from after the given key and around, each read as a read does: the
+    newest payload of a group, the shard cut at its first row not yet due."""
+    later = timezone.now() + timedelta(hours=1)
+    RegionOutboxFactory(shard_identifier=1, scheduled_for=later)  # not due
+    older = RegionOutboxFactory(shard_identifier=2, object_identifier=7, payload={"v": 1})
+    newest = RegionOutboxFactory(shard_identifier=2, object_identifier=7, payload={"v": 2})
+    RegionOutboxFactory(shard_identifier=2, scheduled_for=later)
+    RegionOutboxFactory(shard_identifier=2)  # due, behind the cut
+    RegionOutboxFactory(shard_identifier=3)
+    alone = RegionOutboxFactory(shard_identifier=4, payload={"v": 3})
+    theirs = lease("theirs")
+    assert backend.claim(RegionOutbox, theirs, ShardFilter(shards=(key(3),)), 1) == [key(3)]
+    claims_and_reads(backend, "claim_due_and_read")
+    mine = lease()
+    window = backend.claim_due_and_read(RegionOutbox, mine, ShardFilter(), 10, 100)
+    assert window is not None  # the backend offers it: None would be a silent fallback
+    assert mine.shards == [key(2), key(4)]
+    groups = window.shards[key(2)]
+    assert [(g.row_ids, g.message.payload) for g in groups] == [([older.id, newest.id], {"v": 2})]
+    assert [g.row_ids for g in window.shards[key(4)]] == [[alone.id]]
+    assert window.incomplete == set()
+    backend.release(RegionOutbox, mine, mine.shards)
+    # One shard at a time: from the start, then after key 2 (walking on from there).
+    first, after = lease("first"), lease("after")
+    assert backend.claim_due_and_read(RegionOutbox, first, ShardFilter(), 1, 100) is not None
+    assert first.shards == [key(2)]
+    backend.release(RegionOutbox, first, first.shards)
+    window = backend.claim_due_and_read(
+        RegionOutbox, after, ShardFilter(after=key(2)), 1, 100, timed=True
+    )
+    assert window is not None and after.shards == [key(4)]
+    assert window.shards[key(4)][0].message.date_added is not None  # timed: for the lag
 
 
 @pytest.mark.parametrize("keys", [1, 2], ids=["one key", "several keys"])

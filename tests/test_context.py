@@ -1,16 +1,17 @@
 """outbox_context: flush after commit, on the right database, never after a rollback."""
 
+import dataclasses
 import logging
 import threading
 
 import pytest
-from django.apps import apps
 from django.db import transaction
 from django.test import override_settings
 
 from outbox import outbox_context
 from outbox.exceptions import OutboxContextRequired, OutboxError
 from outbox.models import ControlOutbox, RegionOutbox
+from outbox.writes import context
 from outbox.writes.context import _current
 from tests.conftest import committing
 from tests.factories import ControlOutboxFactory, RegionOutboxFactory
@@ -143,7 +144,8 @@ def test_strict_flush_reraises_after_commit(calls, monkeypatch):
     def raising_flush(using, bounds):
         raise RuntimeError("flush broke")
 
-    monkeypatch.setattr(apps.get_app_config("outbox"), "flush", raising_flush)
+    above = context.layers_above()
+    monkeypatch.setattr(context, "_above", dataclasses.replace(above, flush=raising_flush))
     with pytest.raises(RuntimeError, match="flush broke"), outbox_context(transaction.atomic()):
         RegionOutboxFactory(shard_identifier=7)
     assert RegionOutbox.objects.count() == 1  # committed before the flush failed

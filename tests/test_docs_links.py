@@ -2,18 +2,32 @@
 role (GitHub shows ``{doc}`page``` as plain text), and every relative Markdown link leads
 to a file that exists."""
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIPPED = {"_build", ".venv", ".tox", "node_modules"}
-PAGES = sorted(
-    path
-    for path in ROOT.rglob("*.md")
-    if not SKIPPED & set(path.relative_to(ROOT).parts) and "results" not in path.parts
-)
+SKIPPED = {"_build", ".venv", ".tox", "node_modules", "results", "build"}
+
+
+def _pages():
+    """The Markdown pages of the tree. Walked with `os.walk`, which passes over a folder
+    that vanishes meanwhile: a tox leg beside this one builds the sdist in this tree, and
+    setuptools assembles it in a `django_outboxes-<version>` folder it then deletes."""
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [
+            name
+            for name in subfolders
+            if name not in SKIPPED
+            and not name.startswith("django_outboxes-")
+            and not name.endswith(".egg-info")
+        ]
+        yield from (Path(folder) / name for name in files if name.endswith(".md"))
+
+
+PAGES = sorted(_pages())
 # A Sphinx role GitHub cannot render, e.g. {doc}`page` or {ref}`label`.
 ROLE = re.compile(r"\{(doc|ref|any|mod|func|class|meth|attr)\}`")
 # [text](target), the target up to a space or the closing parenthesis.

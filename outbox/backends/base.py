@@ -345,6 +345,23 @@ class OutboxBackend(ABC):
         before the claim won. None: not possible here, so the engine claims, then reads."""
         return None
 
+    def claim_due_and_read(
+        self,
+        model: type[OutboxBase],
+        lease: Lease,
+        where: ShardFilter,
+        limit: int,
+        rows: int,
+        *,
+        timed: bool = False,
+    ) -> Window | None:
+        """Optional: `claim` of up to `limit` due shards passing `where` and `read_window`
+        of the shards won (about `rows` rows in all), in one step, which spares a drain
+        loop a round trip per round while writes trickle in. Sets `lease.shards` and
+        returns the window; the read must see every change committed before the claim
+        won. None: not possible here (for this filter), so the engine claims, then reads."""
+        return None
+
     @abstractmethod
     def read_window(
         self,

@@ -200,7 +200,7 @@ class PortableBackend(OutboxBackend):
 
     def settle_unleased(self, model: type[OutboxBase], settlement: Settlement) -> int:
         """Apply `settlement` with no lease, inside the caller's transaction: the eager
-        flush in a test's open transaction (`outbox.engine.flush.deliver_eagerly`), which
+        flush in a test's open transaction (`outbox.engine.eager.deliver_eagerly`), which
         no other connection can see, so nothing needs guarding. Deletes the delivered
         rows, records failed attempts and their retry times, marks dead letters, as
         `settle` does; no lease row is read or written. Returns the rows deleted."""

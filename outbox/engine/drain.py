@@ -1,5 +1,6 @@
 """One outbox table's drain: claim due shards with a lease, read them window by window,
-deliver, settle; and `drain_outboxes()`, one drain of every table. Each part below needs
+deliver, settle; `drain_outboxes()`, one drain of every table; and `flush_shards()`, the
+synchronous flush after a commit. Each part below needs
 only the parts above it.
 
 How many shards to claim
@@ -55,8 +56,8 @@ Every table, once
 -----------------
 The engine's two calls: `drain_outboxes()`, one drain of every due shard in the
 calling thread, and `flush_shards()`, the synchronous flush after a commit (which
-`OutboxConfig.flush` calls for the write path, `outbox.writes.context`, so the write path
-never imports the engine).
+`OutboxConfig.ready` installs in the write path, `outbox.writes.context.install`, so the
+write path never imports the engine).
 """
 
 from __future__ import annotations
@@ -398,6 +399,28 @@ class Claims:
             self.cursor = lease.shards[-1]
         return lease
 
+    def claim_due_and_read(self, lease: Lease, limit: int) -> Window | None:
+        """`claim` and the first read of the shards won in one step where the backend
+        can; None: it cannot here (nothing was claimed), so claim, then read."""
+        where = self._filter(None)
+        started = time.monotonic()  # the claim's duration includes its read here
+        rows, timed = self._batch.window_rows(), wants_processed(self.model)
+        try:
+            window = retrying(
+                self.backend,
+                lambda: self.backend.claim_due_and_read(
+                    self.model, lease, where, limit, rows, timed=timed
+                ),
+            )
+        except BaseException:
+            self._batch.release_remaining(lease)  # won, then failed reading: let them go now
+            raise
+        if window is not None:
+            report_claimed(self.model, len(lease.shards), time.monotonic() - started, self.using)
+            if lease.shards:
+                self.cursor = lease.shards[-1]
+        return window
+
     def held_by_others(self) -> HeldLeases:
         """The leases other drains hold now of the shards passing the filters."""
         where, holder = self._filter(None), self.holder
@@ -542,7 +565,7 @@ class Drainer:
             while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 if behind is not None and behind.busy and not full_in_a_row:
                     behind.wait(stats)  # the backlog looks done: release its last shards
-                claimed = self._next_claim(ahead, limit, stats)
+                claimed = self._next_claim(ahead, limit, stats, read_too=not full_in_a_row)
                 lease = claimed.lease
                 if not lease.shards and behind is not None and (pending or behind.busy):
                     # Shards still being settled were leased to that claim: settle
@@ -640,15 +663,21 @@ class Drainer:
     def _work_paced(self, claimed: Claimed, defer: bool) -> tuple[DrainStats, Unsettled | None]:
         """Work a claimed batch (`_work`), noting how long it took per shard."""
         started = time.monotonic()
-        batch, pending = self._batch.work(claimed.lease, None, defer=defer, holding=claimed.holding)
+        batch, pending = self._batch.work(
+            claimed.lease, None, claimed.window, defer=defer, holding=claimed.holding
+        )
         self._pace.observe(batch, time.monotonic() - started, self._batch.mean_call_seconds)
         return batch, pending
 
-    def _next_claim(self, ahead: ClaimAhead, limit: int, stats: DrainStats) -> Claimed:
+    def _next_claim(
+        self, ahead: ClaimAhead, limit: int, stats: DrainStats, *, read_too: bool = False
+    ) -> Claimed:
         """The batch claimed ahead, if any, else a claim now (first settling the
-        stragglers that landed). A claim made ahead that won nothing may predate a
-        settle that let shards go with rows written to them meanwhile: the drain never
-        ends on it, but claims again."""
+        stragglers that landed); with `read_too` (no backlog: the last batch was not
+        full), its first window read by the claim's own statement where the backend
+        can. A claim made ahead that won nothing may predate a settle that let shards
+        go with rows written to them meanwhile: the drain never ends on it, but claims
+        again."""
         if self._stragglers is not None:
             self._stragglers.settle(stats)
         if ahead.started:
@@ -656,7 +685,12 @@ class Drainer:
             if claimed.lease.shards:
                 return claimed
             ahead.cancel()
-        lease = self._claims.claim(self._claims.new_lease(), limit)
+        lease = self._claims.new_lease()
+        window = self._claims.claim_due_and_read(lease, limit) if read_too else None
+        if window is None:
+            self._claims.claim(lease, limit)
+        elif lease.shards:
+            return Claimed(lease, window=window)
         if not lease.shards and not stats.shards and not self._claimed_again:
             # A drain's first claim can lose every shard to one started at the same
             # moment (their claims walked the same shards); the winner's leases are
@@ -797,6 +831,20 @@ def drain_outboxes(
             gather=gather,
         )
         result = drainer.drain(deadline=deadline)
+        stats.add(result)
+        stats.seconds += result.seconds
+    return stats
+
+
+def flush_shards(
+    using: str, bounds: Mapping[type[OutboxBase], Mapping[ShardKey, int | None]]
+) -> DrainStats:
+    """The synchronous flush after a commit (the write path's flush hook): deliver the
+    written shards up to their bounds (the highest row id the transaction wrote per
+    shard; None: no bound). A shard another worker holds is left to it."""
+    stats = DrainStats()
+    for model, shard_bounds in bounds.items():
+        result = Drainer(model, using).flush(shard_bounds)
         stats.add(result)
         stats.seconds += result.seconds
     return stats

@@ -597,6 +597,7 @@ class Claimed:
 
     lease: Lease
     holding: Holding | None = None
+    window: Window | None = None  # its first window, where it was read with the claim
 
 
 class ClaimAhead:

@@ -20,7 +20,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from outbox.engine.flush import deliver_eagerly
+    from outbox.engine.eager import deliver_eagerly
     from outbox.testing.capture import (
         CapturedMessage,
         CapturedMessages,

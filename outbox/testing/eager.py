@@ -1,4 +1,4 @@
-"""Eager delivery for tests, on top of the engine's `outbox.engine.flush`.
+"""Eager delivery for tests, on top of the engine's `outbox.engine.eager`.
 
 A flush that `TestCase.captureOnCommitCallbacks(execute=True)` runs inside the test's
 own transaction already delivers there (the app installs that hook). `eager_delivery()`
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from django.db import router
 
-from outbox.engine.flush import deliver_eagerly
+from outbox.engine.eager import deliver_eagerly
 from outbox.models import OutboxBase, outbox_models
 from outbox.shards import ShardKey
 from outbox.writes.context import in_transaction_flush

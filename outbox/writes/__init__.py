@@ -2,6 +2,6 @@
 writer, and producer models.
 
 It sits above the models and below the backends and the engine: it never imports them.
-After a commit it hands the written shards to the app config's flush
-(`outbox.writes.context.layers_above`), which calls the engine.
+After a commit it hands the written shards to the engine's flush, which the app config
+installs when it is ready (`outbox.writes.context.install`).
 """

@@ -10,9 +10,9 @@ not wait for the next periodic drain.
 
 What the write path asks of the layers above
 --------------------------------------------
-The write path never imports the engine or the backends. It asks the app config
-(`outbox.apps.OutboxConfig`, where the layers are wired), found in Django's app registry
-(`layers_above`), for:
+The write path never imports the engine or the backends. The app config
+(`outbox.apps.OutboxConfig.ready`, where the layers are wired) installs what it needs
+of them (`install`, `LayersAbove`); until then rows written are left to the drain:
 
 - `flush(using, bounds)`: deliver the shards a committed transaction wrote, up to
   their bounds (the engine's synchronous flush).
@@ -32,7 +32,7 @@ What is handed on at commit
 ---------------------------
 Shards written in a transaction, handed on once it commits.
 
-`PendingFlush` gives them to the synchronous flush (the engine, through the app config);
+`PendingFlush` gives them to the synchronous flush (the engine's, as installed);
 `PendingPromptDrain` gives rows left to the drain to the OUTBOX_PROMPT_DRAIN hook, which
 enqueues a drain task for them. After commit the rows are durable: a failing hook is
 logged, not raised into the request, unless OUTBOX_FLUSH_STRICT.
@@ -54,9 +54,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING
 
-from django.apps import apps
 from django.db import connections, transaction
 from django.db.transaction import Atomic
 from django.utils.module_loading import import_string
@@ -76,22 +75,29 @@ FlushBounds = Mapping["type[OutboxBase]", Mapping[ShardKey, "int | None"]]
 # --- What the write path asks of the layers above -----------------------------------
 
 
-class LayersAbove(Protocol):
-    """What `OutboxConfig` provides the write path with."""
+@dataclass(frozen=True)
+class LayersAbove:
+    """What `OutboxConfig.ready` gives the write path: the engine's flush and eager
+    delivery, the backends' COMMIT with the last INSERT."""
 
-    def flush(self, using: str, bounds: FlushBounds) -> object: ...
+    flush: Callable[[str, FlushBounds], object]
+    commit_with_last_insert: Callable[[str], CommitWithInsert | None]
+    flush_in_test_transaction: Callable[[str, FlushBounds], object]
 
-    def commit_with_last_insert(self, using: str) -> CommitWithInsert | None: ...
 
-    def flush_in_test_transaction(self, using: str, bounds: FlushBounds) -> object: ...
+_above: LayersAbove | None = None
+
+
+def install(above: LayersAbove) -> None:
+    """Give the write path the layers above it (`OutboxConfig.ready`)."""
+    global _above
+    _above = above
 
 
 def layers_above() -> LayersAbove | None:
-    """The app config, or None before the app registry has loaded it (rows written then
-    are left to the drain)."""
-    if not apps.apps_ready:
-        return None
-    return cast(LayersAbove, apps.get_app_config("outbox"))
+    """What `install` gave, or None before the app is ready (rows written then are left
+    to the drain)."""
+    return _above
 
 
 # A ContextVar: turning eager delivery on in one test (thread,

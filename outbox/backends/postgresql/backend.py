@@ -187,6 +187,42 @@ class PostgresBackend(OutboxBackend):
         read = [row[3:] for row in rows if row[row_id] is not None]
         return self._window(model, read, lease.shards, per_shard)
 
+    def claim_due_and_read(
+        self,
+        model: type[OutboxBase],
+        lease: Lease,
+        where: ShardFilter,
+        limit: int,
+        rows: int,
+        *,
+        timed: bool = False,
+    ) -> Window | None:
+        """`claim` of up to `limit` due shards by the walk, and the won ones read in the
+        same statement (as `claim_and_read` reads them, so only under READ COMMITTED).
+        None where the claim would not walk: given shards, or shards of a row or two
+        each (`where.small`, claimed by a scan)."""
+        if limit <= 0 or where.shards is not None or where.small:
+            return None
+        connection = connections[self.using]
+        connection.ensure_connection()
+        if not _read_committed(connection):
+            return None
+        sql = statements(model)
+        per_shard = _share(limit, rows)
+        params = claim_params(model, lease, where, limit)
+        params["per_shard"] = per_shard
+        if where.after is None:
+            statement = sql.claim_walk_read_timed if timed else sql.claim_walk_read
+        else:
+            params.update(bound_params("after", where.after))
+            params.update(bound_params("until", where.after))
+            statement = sql.claim_walk_around_read_timed if timed else sql.claim_walk_around_read
+        found = self._fetch(statement, params)
+        lease.shards = sorted({ShardKey(*row[:3]) for row in found})
+        row_id = 3 + len(model.shard_fields)  # NULL: a won shard with no row to read
+        read = [row[3:] for row in found if row[row_id] is not None]
+        return self._window(model, read, lease.shards, per_shard)
+
     def _window(
         self,
         model: type[OutboxBase],

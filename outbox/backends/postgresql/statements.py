@@ -51,6 +51,10 @@ class Statements:
     claim_keys_read_timed: str  # the same, with the newest rows' date_added
     claim_key_read: str  # claim_keys_read for one key (scalars), by one upsert
     claim_key_read_timed: str  # the same, with the newest rows' date_added
+    claim_walk_read: str  # claim_walk, and read the won shards' first rows (locked)
+    claim_walk_read_timed: str  # the same, with the newest rows' date_added
+    claim_walk_around_read: str  # claim_walk_around, and read the won shards' first rows
+    claim_walk_around_read_timed: str  # the same, with the newest rows' date_added
     read_window: str  # the first rows of each claimed shard, payload only for the newest
     read_window_timed: str  # the same, with the newest rows' date_added (for the lag)
     settle: str  # delete delivered rows, reschedule failed ones, back off, release
@@ -545,8 +549,23 @@ class _Renderer:
             else f"""{self.given_keys()}, {self.claim_steps()},
             won AS (SELECT * FROM retaken UNION ALL SELECT * FROM fresh)"""
         )
+        return self.read_won(f"WITH {claim}", timed)
+
+    def claim_due_and_read(self, bound: str, timed: bool = False) -> str:
+        """`claim_walk` (`bound` "") or `claim_walk_around` ("around"), then the shards
+        won read in the same statement as `claim_and_read` reads them, locked for the
+        same reason: a loop's round trip saved where writes trickle in."""
+        return self.read_won(
+            f"""WITH RECURSIVE {self.walk(bound)}, {self.claim_steps()},
+            won AS (SELECT * FROM retaken UNION ALL SELECT * FROM fresh)""",
+            timed,
+        )
+
+    def read_won(self, claim: str, timed: bool) -> str:
+        """After `claim` (a WITH clause whose CTE `won` returns the shards won): each won
+        key, then its rows, each row read `FOR SHARE` (see `claim_and_read`)."""
         return f"""
-            WITH {claim}
+            {claim}
             SELECT w."region_name", w."shard_scope", w."shard_identifier",
                 {self.flush_columns(timed)}
             FROM won w LEFT JOIN LATERAL ({self.shard_rows("w", "%(per_shard)s", "FOR SHARE")}
@@ -565,6 +584,10 @@ class _Renderer:
             claim_keys_read_timed=self.claim_and_read(timed=True),
             claim_key_read=self.claim_and_read(single=True),
             claim_key_read_timed=self.claim_and_read(timed=True, single=True),
+            claim_walk_read=self.claim_due_and_read(""),
+            claim_walk_read_timed=self.claim_due_and_read("", timed=True),
+            claim_walk_around_read=self.claim_due_and_read("around"),
+            claim_walk_around_read_timed=self.claim_due_and_read("around", timed=True),
             read_window=self.read_window(),
             read_window_timed=self.read_window(timed=True),
             settle=self.settle(),

@@ -1,10 +1,5 @@
-"""The synchronous flush after commit: the written shards delivered up to their bounds
-through the table's drainer (`flush_shards`, the write path's flush hook), or, inside a
-test's open transaction, eagerly without leases (`deliver_eagerly`).
-
-Inside a test's transaction
----------------------------
-Eager delivery: the synchronous flush, run inside a test's open transaction.
+"""Eager delivery: the synchronous flush, run inside a test's open transaction (after a
+real commit it is `outbox.engine.drain.flush_shards`).
 
 A `django.test.TestCase` never commits; under `captureOnCommitCallbacks(execute=True)`
 the on_commit callbacks run with its transaction still open, where the engine refuses
@@ -16,9 +11,9 @@ the engine's own delivery (so several receivers, transactional receivers, RetryL
 PermanentFailure behave as in production) and deletes the delivered rows. No leases:
 nothing else can see the test's transaction.
 
-`OutboxConfig.flush_in_test_transaction` calls it for the write path's flush run inside
-`TestCase`'s own transactions (`outbox.writes.context`); `outbox.testing` builds its
-helpers on it.
+The write path calls it for its flush run inside `TestCase`'s own transactions
+(`outbox.writes.context`, where `OutboxConfig.ready` installs it); `outbox.testing`
+builds its helpers on it.
 
 A failing receiver is handled as the engine handles it (logged, `delivery_failed`
 sent, the attempt recorded on its rows, which are rescheduled or dead-lettered, and its
@@ -34,28 +29,9 @@ import outbox.engine.delivery as delivery
 from outbox.backends.base import Group, Settlement
 from outbox.backends.portable import PortableBackend
 from outbox.conf import outbox_settings
-from outbox.engine.drain import Drainer
-from outbox.engine.pipeline import DrainStats, cut_at_bounds, report_processed
+from outbox.engine.pipeline import cut_at_bounds, report_processed
 from outbox.models import OutboxBase
 from outbox.shards import ShardKey
-
-# --- After a commit -----------------------------------------------------------------
-
-
-def flush_shards(
-    using: str, bounds: Mapping[type[OutboxBase], Mapping[ShardKey, int | None]]
-) -> DrainStats:
-    """Deliver the written shards up to their bounds (the highest row id the transaction
-    wrote per shard; None: no bound). A shard another worker holds is left to it."""
-    stats = DrainStats()
-    for model, shard_bounds in bounds.items():
-        result = Drainer(model, using).flush(shard_bounds)
-        stats.add(result)
-        stats.seconds += result.seconds
-    return stats
-
-
-# --- Inside a test's transaction ----------------------------------------------------
 
 
 def deliver_eagerly(
