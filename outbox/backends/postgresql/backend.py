@@ -182,10 +182,7 @@ class PostgresBackend(OutboxBackend):
             statement = sql.claim_keys_read_timed if timed else sql.claim_keys_read
         params["per_shard"] = per_shard
         rows = self._fetch(statement, params, scalars=one_key)
-        lease.shards = sorted({ShardKey(*row[:3]) for row in rows})
-        row_id = 3 + len(model.shard_fields)  # NULL: a won shard with no row to read
-        read = [row[3:] for row in rows if row[row_id] is not None]
-        return self._window(model, read, lease.shards, per_shard)
+        return self._won_window(model, lease, rows, per_shard)
 
     def claim_due_and_read(
         self,
@@ -217,10 +214,16 @@ class PostgresBackend(OutboxBackend):
             params.update(bound_params("after", where.after))
             params.update(bound_params("until", where.after))
             statement = sql.claim_walk_around_read_timed if timed else sql.claim_walk_around_read
-        found = self._fetch(statement, params)
-        lease.shards = sorted({ShardKey(*row[:3]) for row in found})
-        row_id = 3 + len(model.shard_fields)  # NULL: a won shard with no row to read
-        read = [row[3:] for row in found if row[row_id] is not None]
+        return self._won_window(model, lease, self._fetch(statement, params), per_shard)
+
+    def _won_window(
+        self, model: type[OutboxBase], lease: Lease, rows: list[tuple[Any, ...]], per_shard: int
+    ) -> Window:
+        """What a claim that read (`read_won` in `statements`) returned: each won key,
+        then one of its rows (NULLs for a won shard with no row to read)."""
+        lease.shards = sorted({ShardKey(*row[:3]) for row in rows})
+        row_id = 3 + len(model.shard_fields)
+        read = [row[3:] for row in rows if row[row_id] is not None]
         return self._window(model, read, lease.shards, per_shard)
 
     def _window(
