@@ -70,7 +70,7 @@ def test_refuses_to_drain_inside_an_open_transaction(calls):
 def test_max_seconds_ends_a_loop(calls, settings):
     settings.OUTBOX_LOOP_INTERVAL_SECONDS = 0.05
     RegionOutboxFactory(shard_identifier=1)
-    output = drain("--loop", "--max-seconds", "0.3", "--progress-every", "0")
+    output = drain("--loop", "--max-seconds", "1", "--progress-every", "0")
     assert "receiver calls 1" in output
 
 

@@ -13,6 +13,7 @@ import time
 import pytest
 from django.db import transaction
 
+import outbox.engine.drain as drain_module
 from outbox import RetryLater, outbox_context
 from outbox.engine import drain_outboxes
 from outbox.models import RegionOutbox, ShardLease
@@ -147,3 +148,27 @@ def test_a_delay_the_receiver_asked_for_is_kept(calls, attempts):
     assert drain_outboxes([RegionOutbox]).shards == 0
     assert attempts == [1]
     assert calls.payloads() == []
+
+
+def test_a_loop_looks_at_backing_off_shards_at_most_every_loop_wake_seconds(
+    calls, attempts, monkeypatch
+):
+    """A loop's drains (`wait_for_others=False`, as `drain_outboxes --loop` runs them)
+    look for woken shards at most every `LOOP_WAKE_SECONDS`, not on every round (a
+    query a round while writes trickle in); the early attempt still comes, that much
+    later at most."""
+    monkeypatch.setattr(drain_module, "LOOP_WAKE_SECONDS", 0.5)
+    monkeypatch.setattr(drain_module, "_last_looks", {})
+    failed_once(calls, attempts)
+    change(2, flush=False)
+    assert drain_outboxes([RegionOutbox], wait_for_others=False).failures == 1  # looked
+    assert attempts == [1, 2]
+    change(3, flush=False)
+    # Another loop round at once: no look, the shard keeps backing off.
+    assert drain_outboxes([RegionOutbox], wait_for_others=False).shards == 0
+    assert attempts == [1, 2]
+    time.sleep(0.5)
+    calls.failing = set()
+    assert drain_outboxes([RegionOutbox], wait_for_others=False).failures == 0
+    assert attempts == [1, 2, 3]
+    assert RegionOutbox.objects.count() == 0

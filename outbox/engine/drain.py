@@ -473,6 +473,13 @@ RACE_PATIENCE_SECONDS = 0.5
 RACE_GIVE_UP_SECONDS = 5.0
 # The waits between those looks: from the first to the last, doubling.
 RACE_LOOKS_SECONDS = (0.005, 0.05)
+# A loop drains once a write or so: looking at the backing-off shards on every round
+# (a query of the lease table) would cost a statement a message while writes trickle
+# in, so a loop's drains look at most this often. A message reaching a backing-off
+# shard then waits up to this long for its early attempt.
+LOOP_WAKE_SECONDS = 1.0
+# When a loop's drain last looked, per table, database and filters (`_wake_due`).
+_last_looks: dict[tuple[str, str, tuple[int, ...] | None, tuple[int, ...] | None], float] = {}
 
 
 class Drainer:
@@ -610,7 +617,8 @@ class Drainer:
         a little for one while any runs; a loop's drain does not wait, its next round
         comes when a straggler lands or a write is told. And, once per drain, yes when
         backing-off shards that a new message reached were woken for one early attempt:
-        looked for here, not before the first claim, which a fresh message waits for."""
+        looked for here, not before the first claim, which a fresh message waits for
+        (by a loop's drains, at most every `LOOP_WAKE_SECONDS`: `_wake_due`)."""
         if self._stragglers is not None:
             if self._kept_stragglers is not None:
                 if self._stragglers.settle(stats):
@@ -619,9 +627,23 @@ class Drainer:
                 return True
         if not self._woken:
             self._woken = True
-            if self._claims.wake():
+            if self._wake_due() and self._claims.wake():
                 return True
         return self.wait_for_others and self._lost_a_race()
+
+    def _wake_due(self) -> bool:
+        """Whether this drain looks at the backing-off shards: a one-shot drain always
+        does; a loop's drain (it does not wait for others) only where no loop's drain of
+        the same table and filters in this process looked in the last
+        `LOOP_WAKE_SECONDS`."""
+        if self.wait_for_others:
+            return True
+        key = (self.model._meta.label, self.using, self._claims.scopes, self._claims.identifiers)
+        now = time.monotonic()
+        if now - _last_looks.get(key, -LOOP_WAKE_SECONDS) < LOOP_WAKE_SECONDS:
+            return False
+        _last_looks[key] = now
+        return True
 
     def _lost_a_race(self) -> bool:
         """The claim came back empty while other drains hold shards of the table: a
