@@ -73,7 +73,10 @@ def test_messages_trickling_in_are_claimed_together_and_the_first_at_once(calls,
     assert not runner.is_alive()
     first = Delivery.objects.get(shard_identifier=1)
     assert first.started - first_committed < GATHER  # not held by the gather
-    assert claims == [1, 4], claims  # the four that trickled in: one claim, one batch
+    # The four that trickled in were claimed together: one batch where their commits
+    # take a few milliseconds each ([1, 4]); a server slowed by other work (commits of
+    # half a second) may split them once, never into a claim each.
+    assert claims[0] == 1 and sum(claims[1:]) == 4 and len(claims) <= 3, claims
     assert stopped_in < GATHER  # a stop request ends the wait
 
 
