@@ -1,21 +1,18 @@
-"""A loop's rounds while writes trickle in. OUTBOX_LOOP_GATHER_SECONDS: a round waits
-after a batch that was not full before it claims again, so that messages committed one
-at a time while it works are claimed, read and settled together; the first message after
-an idle moment is still delivered at once, and a stop request ends the wait. Without it,
-a round told of every write ends after a claim that was not full."""
+"""OUTBOX_LOOP_GATHER_SECONDS: a loop's round waits after a batch that was not full
+before it claims again, so that messages committed one at a time while it works are
+claimed, read and settled together; the first message after an idle moment is still
+delivered at once, and a stop request ends the wait."""
 
 import threading
 import time
 
-import pytest
 from django.db import transaction
 
 from outbox import outbox_context
-from outbox.engine import DrainWorker, drain_outboxes
+from outbox.engine import DrainWorker
 from outbox.models import RegionOutbox
 from outbox.signals import shards_claimed
 from tests.conftest import committing
-from tests.factories import RegionOutboxFactory
 from tests.testapp.categories import Category, Scope
 from tests.testapp.models import Delivery
 from tests.workers import wait_until
@@ -89,28 +86,3 @@ def test_a_one_shot_drain_does_not_wait_between_its_batches(calls, settings):
     outcome = DrainWorker([RegionOutbox], loop=False).run()
     assert outcome.stats.shards == 5
     assert time.monotonic() - started < GATHER
-
-
-@pytest.mark.parametrize("told", [False, True], ids=["polling", "told of writes"])
-def test_a_round_told_of_every_write_ends_after_a_claim_that_was_not_full(calls, told):
-    """A loop that hears every commit (its listener) ends a round after a claim that
-    won fewer shards than it asked for: that claim took every due shard it saw, and
-    what is written after it is told. A polling loop claims once more, to find none."""
-    claims: list[int] = []
-
-    def claimed(sender, shards, **kwargs):
-        claims.append(shards)
-
-    for shard in (1, 2):
-        RegionOutboxFactory(shard_identifier=shard)
-    shards_claimed.connect(claimed, sender=RegionOutbox, dispatch_uid="test_loop_told")
-    try:
-        stats = drain_outboxes(
-            [RegionOutbox], concurrency=1, wait_for_others=False, told_of_writes=told
-        )
-    finally:
-        shards_claimed.disconnect(dispatch_uid="test_loop_told")
-    assert stats.shards == 2 and len(calls.calls) == 2
-    assert claims == ([2] if told else [2, 0])
-    RegionOutboxFactory(shard_identifier=3)  # written after: the next round takes it
-    assert drain_outboxes([RegionOutbox], wait_for_others=False, told_of_writes=told).shards == 1

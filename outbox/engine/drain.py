@@ -498,13 +498,8 @@ class Drainer:
         stragglers: KeptStragglers | None = None,
         wait_for_others: bool = True,
         gather: float = 0.0,
-        told_of_writes: bool = False,
     ) -> None:
         self.model = model
-        # Every commit to the table after a claim is told to this drain's loop (its
-        # listener): a claim that won fewer shards than it asked for took every due one
-        # it saw, so the drain ends after it rather than claim once more to find none.
-        self.told_of_writes = told_of_writes
         # How long to wait after a batch that was not full before the next claim (a
         # loop's `OUTBOX_LOOP_GATHER_SECONDS`), so that writes arriving together meet.
         self.gather = gather
@@ -599,10 +594,6 @@ class Drainer:
                     ahead.start(self._claimer(limit))
                 batch, pending = self._work_paced(claimed, defer)
                 stats.add(batch)
-                if self.told_of_writes and not full_in_a_row and not self.gather:
-                    if self._claim_again(stats):
-                        continue
-                    break
                 if self.gather and not full_in_a_row:
                     self.stop.wait(self.gather)  # writes trickling in: let the next ones meet
                 limit = self._next_limit(batch, full=full_in_a_row > 0)
@@ -835,7 +826,6 @@ def drain_outboxes(
     stragglers: KeptStragglers | None = None,
     wait_for_others: bool = True,
     gather: float = 0.0,
-    told_of_writes: bool = False,
 ) -> DrainStats:
     """Drain every due shard of the given tables (all of them by default) once, in the
     calling thread: no signals, no graceful timeout (a backlog's settles may run on a
@@ -847,9 +837,7 @@ def drain_outboxes(
     the table and go on claiming, look again rather than end (a claim race lost, not a
     backlog done); a loop's rounds pass False, as the next write starts another round.
     `gather`: how long to wait after a batch that was not full before claiming again (a
-    loop's rounds pass `OUTBOX_LOOP_GATHER_SECONDS`). `told_of_writes`: every commit to
-    these tables after a claim is told to the caller (a loop's listener), so a claim that
-    won fewer shards than it asked for ends the table's drain (no claim to find none)."""
+    loop's rounds pass `OUTBOX_LOOP_GATHER_SECONDS`)."""
     stats = DrainStats()
     for model in models or outbox_models():
         drainer = Drainer(
@@ -863,7 +851,6 @@ def drain_outboxes(
             stragglers=stragglers,
             wait_for_others=wait_for_others,
             gather=gather,
-            told_of_writes=told_of_writes,
         )
         result = drainer.drain(deadline=deadline)
         stats.add(result)

@@ -525,7 +525,7 @@ class DrainWorker:
             slice_end = time.monotonic() + self.progress_every if self.progress_every else None
             if deadline is not None:
                 slice_end = min(slice_end or deadline, deadline)
-            stats = self._drain_round(slice_end, slots, stragglers, waiter.hears_every_write)
+            stats = self._drain_round(slice_end, slots, stragglers)
             total.add(stats)
             if self.on_round is not None:
                 self.on_round()
@@ -540,11 +540,7 @@ class DrainWorker:
                 waiter.wait(outbox_settings.LOOP_INTERVAL_SECONDS)
 
     def _drain_round(
-        self,
-        deadline: float | None,
-        slots: SlotPool | None,
-        stragglers: KeptStragglers | None,
-        told_of_writes: bool = False,
+        self, deadline: float | None, slots: SlotPool | None, stragglers: KeptStragglers | None
     ) -> DrainStats:
         try:
             return drain_outboxes(
@@ -561,7 +557,6 @@ class DrainWorker:
                 stragglers=stragglers,
                 wait_for_others=not self.loop,
                 gather=outbox_settings.LOOP_GATHER_SECONDS if self.loop else 0.0,
-                told_of_writes=self.loop and told_of_writes,
             )
         except (OperationalError, InterfaceError):
             if not self.loop:
