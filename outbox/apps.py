@@ -23,9 +23,8 @@ class OutboxConfig(AppConfig):
         from outbox.backends.select import after_migrate, commit_with_last_insert
         from outbox.engine.drain import flush_shards
         from outbox.engine.eager import deliver_eagerly
-        from outbox.writes import context, path
+        from outbox.writes import context
 
-        path.install()
         context.install(
             context.LayersAbove(
                 flush=flush_shards,

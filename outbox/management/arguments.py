@@ -17,7 +17,7 @@ from outbox.categories import registry
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.models import OutboxBase
 from outbox.models.audit import admin_log_installed
-from outbox.models.validation import BIGINT_MAX, BIGINT_MIN
+from outbox.models.outbox import BIGINT_MAX, BIGINT_MIN
 
 
 def database_alias(alias: str | None) -> str | None:

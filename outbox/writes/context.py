@@ -2,7 +2,8 @@
 handed on at commit.
 
 The state lives in a ContextVar, so threads and asyncio tasks never see each other's.
-The write path (`outbox.writes.path`) records which shards a save wrote (`record_writes`);
+The write path of outbox tables (`ContextWritePath`, below) records which shards a save
+wrote (`record_writes`);
 when flushing is on, the shards are handed to the flush by an on_commit callback of the
 row's own database. When it is off, and OUTBOX_PROMPT_DRAIN names a hook, the shards are
 handed to that hook at commit instead (to enqueue a drain task for them), so they need
@@ -54,9 +55,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar, cast
 
-from django.db import connections, transaction
+from django.db import connections, models, transaction
 from django.db.transaction import Atomic
 from django.utils.module_loading import import_string
 
@@ -64,9 +65,10 @@ from outbox.conf import outbox_settings
 from outbox.cursors import CommitWithInsert
 from outbox.exceptions import FlushInOpenTransaction, OutboxContextRequired, OutboxError
 from outbox.shards import ShardKey
+from outbox.signals import announce_saved
 from outbox.writes.deferred import HeldRows, held_rows_for
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported at runtime only once the app is ready (`install`)
     from outbox.models import OutboxBase
 
 FlushBounds = Mapping["type[OutboxBase]", Mapping[ShardKey, "int | None"]]
@@ -89,9 +91,13 @@ _above: LayersAbove | None = None
 
 
 def install(above: LayersAbove) -> None:
-    """Give the write path the layers above it (`OutboxConfig.ready`)."""
+    """Route the saves of every outbox table through `ContextWritePath`, and give it
+    the layers above (`OutboxConfig.ready`)."""
+    from outbox.models import OutboxBase
+
     global _above
     _above = above
+    OutboxBase.write_path = ContextWritePath()
 
 
 def layers_above() -> LayersAbove | None:
@@ -368,3 +374,51 @@ def _record_for_prompt_drain(frame: _Frame | None, using: str, rows: Sequence[Ou
     for row in rows:
         pending.add(row)
     transaction.on_commit(pending.run, using=using)
+
+
+# --- The write path of outbox tables ---------------------------------------------------
+#
+# By default a row saved in `outbox_context` behaves like `Model.save`: it is INSERTed at
+# `save()` by Django itself, gets its primary key, sends `pre_save` and `post_save` in
+# order and is visible to the transaction's own queries. Its shard is then recorded for
+# the flush after commit. Rows are held until the commit instead only where the deferred
+# writer is on (`outbox.writes.deferred`).
+
+_Row = TypeVar("_Row", bound=models.Model)
+
+
+class ContextWritePath:
+    """The `outbox.models.WritePath` that `install` puts on `OutboxBase.write_path`."""
+
+    def save(
+        self,
+        row: models.Model,
+        using: str,
+        payload_json: str,
+        save_now: Callable[[], None],
+        can_hold: bool,
+    ) -> None:
+        # Only outbox rows come here (`WritePath` names them as models, below them).
+        rows = [cast("OutboxBase", row)]
+        require_context()
+        if can_hold and hold(rows, [payload_json], using, saved=True):
+            return  # written at the commit of the enclosing outbox_context
+        save_now()
+        record_writes(using, rows)
+        announce_saved(rows, using)
+
+    def bulk_create(
+        self,
+        rows: list[_Row],
+        using: str,
+        payloads_json: list[str],
+        create_now: Callable[[], list[_Row]],
+        can_hold: bool,
+    ) -> list[_Row]:
+        require_context()
+        if can_hold and hold(cast("list[OutboxBase]", rows), payloads_json, using, saved=False):
+            return rows  # written at the commit of the enclosing outbox_context
+        created = create_now()
+        record_writes(using, cast("list[OutboxBase]", created))
+        announce_saved(created, using)
+        return created

@@ -45,7 +45,7 @@ from outbox.models.dead_letter_groups import (
     group_dead_letters,
     in_slices,
 )
-from outbox.models.validation import BIGINT_MAX
+from outbox.models.outbox import BIGINT_MAX
 from outbox.shown_text import one_line
 
 LIST_LIMIT = 1000
