@@ -295,3 +295,9 @@ def test_without_redis_py_creating_the_relay_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "redis", None)
     with pytest.raises(OutboxConfigurationError, match=r'pip install "django-outboxes\[redis\]"'):
         RedisStreamRelay("no-client")
+
+
+@pytest.mark.parametrize("maxlen", [0, -1, True, 2.5, "10"])
+def test_maxlen_must_be_a_whole_number_or_none(maxlen):
+    with pytest.raises(OutboxConfigurationError, match=r"'capped': maxlen must be a whole number"):
+        RedisStreamRelay("capped", maxlen=maxlen)

@@ -517,9 +517,10 @@ def test_a_misconfigured_relay_fails_each_message_and_says_why(make_relay):
     assert isinstance(failure, OutboxConfigurationError) and "http://" in str(failure)
 
 
-def test_concurrency_must_be_a_whole_number(make_relay):
-    with pytest.raises(OutboxConfigurationError, match="concurrency"):
-        make_relay(connect=False, concurrency=0)
+@pytest.mark.parametrize("concurrency", [0, True, 1.5])
+def test_concurrency_must_be_a_whole_number(make_relay, concurrency):
+    with pytest.raises(OutboxConfigurationError, match="concurrency must be a whole number"):
+        make_relay(connect=False, concurrency=concurrency)
 
 
 def test_without_urllib3_the_relay_names_the_extra(monkeypatch):

@@ -22,7 +22,6 @@ the next call opens another.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import threading
 import time
 import uuid
@@ -33,7 +32,7 @@ from typing import Any
 from django.core.checks import CheckMessage
 
 from outbox.exceptions import OutboxConfigurationError, PermanentFailure
-from outbox.relays.base import Failures, Message, Relay, RelayClientMissing
+from outbox.relays.base import Failures, Message, Relay, client_library
 from outbox.relays.broker_urls import url_problem
 from outbox.relays.destination import Destination
 from outbox.relays.envelope import Envelope
@@ -86,7 +85,7 @@ class AmqpRelay(Relay):
         confirm_timeout: float = 10.0,
         connection_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self._kombu = _kombu()
+        self._kombu = client_library("kombu", "AmqpRelay", "kombu", "amqp")
         super().__init__(name, envelope=envelope)
         self.url = url
         self.exchange = exchange
@@ -255,16 +254,6 @@ class _Channel:
         would never answer."""
         with contextlib.suppress(Exception):
             self.connection.collect()
-
-
-def _kombu() -> Any:
-    """The kombu module, or the error that says which extra installs it."""
-    try:
-        return importlib.import_module("kombu")
-    except ImportError as error:
-        raise RelayClientMissing(
-            f'AmqpRelay needs kombu: pip install "django-outboxes[amqp]" ({error}).'
-        ) from error
 
 
 def _url_problem(url: str) -> str | None:

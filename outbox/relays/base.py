@@ -11,6 +11,7 @@ publish a batch of messages and which of them failed.
 
 from __future__ import annotations
 
+import importlib
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +39,27 @@ Failures = Mapping[uuid.UUID, BaseException]
 
 class RelayClientMissing(OutboxConfigurationError, ImportError):
     """A relay's client library is not installed; the text names the extra to install."""
+
+
+def client_library(module: str, relay: str, library: str, extra: str) -> Any:
+    """The client library a relay imports when it is declared (`module`), or
+    RelayClientMissing naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise RelayClientMissing(
+            f'{relay} needs {library}: pip install "django-outboxes[{extra}]" ({error}).'
+        ) from error
+
+
+def whole_number(relay: str, option: str, value: object, none_means: str) -> None:
+    """Refuse an option that must be a whole number of 1 or more, or None (`none_means`
+    says what None does)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise OutboxConfigurationError(
+            f"Relay {relay!r}: {option} must be a whole number of 1 or more, or None for "
+            f"{none_means}; got {value!r}."
+        )
 
 
 class Relay:
@@ -177,12 +199,12 @@ def held_back(earlier: BaseException, message: Message) -> BaseException:
     return earlier
 
 
-def skip_after_failure(
-    messages: Sequence[Message], send: Callable[[Message], None]
+def failed_in_shard_order(
+    messages: Sequence[Message], outcome: Callable[[Message], BaseException | None]
 ) -> dict[uuid.UUID, BaseException]:
-    """Call `send` for each message, in order; after a shard's first failure, send none
-    of its later messages and report them failed with that error. The loop relays use
-    when they publish one message at a time."""
+    """What failed, by message id: `outcome` of each message in order (its failure, or
+    None), until a shard's first failure; that shard's later messages are not asked
+    about and fail with it (`held_back`), so the shard is retried from there in order."""
     failed: dict[uuid.UUID, BaseException] = {}
     broken: dict[str, BaseException] = {}
     for message in messages:
@@ -190,12 +212,27 @@ def skip_after_failure(
         if earlier is not None:
             failed[message.message_id] = held_back(earlier, message)
             continue
+        error = outcome(message)
+        if error is not None:
+            failed[message.message_id] = broken[message.shard_key] = error
+    return failed
+
+
+def skip_after_failure(
+    messages: Sequence[Message], send: Callable[[Message], None]
+) -> dict[uuid.UUID, BaseException]:
+    """Call `send` for each message, in order; after a shard's first failure, send none
+    of its later messages and report them failed with that error. The loop relays use
+    when they publish one message at a time."""
+
+    def sent(message: Message) -> BaseException | None:
         try:
             send(message)
         except Exception as error:
-            failed[message.message_id] = error
-            broken[message.shard_key] = error
-    return failed
+            return error
+        return None
+
+    return failed_in_shard_order(messages, sent)
 
 
 class FunctionRelay(Relay):

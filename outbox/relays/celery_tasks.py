@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.checks import CheckMessage
 
-from outbox.relays.base import Failures, Message, Relay, RelayClientMissing, skip_after_failure
+from outbox.relays.base import Failures, Message, Relay, client_library, skip_after_failure
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -47,7 +47,7 @@ class CeleryTaskRelay(Relay):
         options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(name, envelope="bare")
-        self._celery = _client_library()
+        self._celery = client_library("celery", "CeleryTaskRelay", "Celery", "celery")
         self.task = task
         self.app = app
         self.queue = queue
@@ -101,13 +101,3 @@ def task_kwargs(message: Message) -> dict[str, Any]:
         "headers": dict(message.headers),
         "time": message.time.isoformat(),
     }
-
-
-def _client_library() -> Any:
-    try:
-        import celery
-    except ImportError as error:
-        raise RelayClientMissing(
-            'CeleryTaskRelay needs Celery: pip install "django-outboxes[celery]"'
-        ) from error
-    return celery

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.checks import CheckMessage
 
 from outbox.exceptions import OutboxConfigurationError
-from outbox.relays.base import Failures, Message, Relay, RelayClientMissing
+from outbox.relays.base import Failures, Message, Relay, client_library
 from outbox.relays.envelope import Envelope
 from outbox.relays.kafka_reports import (
     Reports,
@@ -39,8 +39,6 @@ from outbox.relays.kafka_reports import (
 )
 
 if TYPE_CHECKING:
-    from types import ModuleType
-
     from confluent_kafka import Producer
 
 __all__ = ["KafkaRelay"]
@@ -84,7 +82,7 @@ class KafkaRelay(Relay):
         timeout: float = 30.0,
     ) -> None:
         super().__init__(name, envelope=envelope)
-        self._kafka = _client_library()
+        self._kafka = client_library("confluent_kafka", "KafkaRelay", "confluent-kafka", "kafka")
         if str(config.get("enable.idempotence", True)).lower() not in ("true", "1"):
             raise OutboxConfigurationError(
                 f"Relay {name!r}: KafkaRelay needs enable.idempotence (it keeps each "
@@ -229,13 +227,3 @@ def _topic_errors(template: str) -> list[str]:
     if not _TOPIC_NAME.match(sample):
         return [f"topic template {template!r} makes a topic name Kafka refuses ({sample!r})"]
     return []
-
-
-def _client_library() -> ModuleType:
-    try:
-        import confluent_kafka
-    except ImportError as error:
-        raise RelayClientMissing(
-            'KafkaRelay needs confluent-kafka: pip install "django-outboxes[kafka]"'
-        ) from error
-    return confluent_kafka

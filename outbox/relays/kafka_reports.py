@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from outbox.exceptions import PermanentFailure
-from outbox.relays.base import Message, held_back
+from outbox.relays.base import Message, failed_in_shard_order
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError
@@ -90,17 +90,12 @@ def failures_by_shard(
     """What failed, by message id: each message's own failure, and after a shard's first
     failure every later message of that shard (delivered or not), so the shard is
     retried from there in order."""
-    failed: dict[uuid.UUID, BaseException] = {}
-    first_failure: dict[str, BaseException] = {}
-    for message in messages:
-        earlier = first_failure.get(message.shard_key)
-        if earlier is not None:
-            failed[message.message_id] = held_back(earlier, message)
-            continue
-        error = refused.get(message.message_id) or reports.outcome(message.message_id, timeout)
-        if error is not None:
-            failed[message.message_id] = first_failure[message.shard_key] = error
-    return failed
+    return failed_in_shard_order(
+        messages,
+        lambda message: (
+            refused.get(message.message_id) or reports.outcome(message.message_id, timeout)
+        ),
+    )
 
 
 def as_failure(error: Any) -> BaseException:

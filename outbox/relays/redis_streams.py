@@ -28,7 +28,7 @@ from typing import Any
 from django.core.checks import CheckMessage
 
 from outbox.exceptions import OutboxConfigurationError
-from outbox.relays.base import Failures, Message, Relay, RelayClientMissing
+from outbox.relays.base import Failures, Message, Relay, client_library, whole_number
 from outbox.relays.broker_urls import shown_url, url_problem
 from outbox.relays.destination import Destination
 from outbox.relays.envelope import Envelope
@@ -61,15 +61,9 @@ class RedisStreamRelay(Relay):
         socket_timeout: float = 10.0,
         connect_timeout: float = 5.0,
     ) -> None:
-        self._redis = _redis()
+        self._redis = client_library("redis", "RedisStreamRelay", "redis-py", "redis")
         super().__init__(name, envelope=envelope)
-        if maxlen is not None and (
-            isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen < 1
-        ):
-            raise OutboxConfigurationError(
-                f"Relay {name!r}: maxlen must be a whole number of entries above 0, or "
-                f"None for no cap; got {maxlen!r}."
-            )
+        whole_number(name, "maxlen", maxlen, "no cap")
         self.url = url
         self.stream = Destination(stream, "stream")
         self.maxlen = maxlen
@@ -165,13 +159,3 @@ class RedisStreamRelay(Relay):
                 "shown: it may hold secrets)."
             )
         return None
-
-
-def _redis() -> Any:
-    """The redis module, or the error that says which extra installs it."""
-    try:
-        return importlib.import_module("redis")
-    except ImportError as error:
-        raise RelayClientMissing(
-            f'RedisStreamRelay needs redis-py: pip install "django-outboxes[redis]" ({error}).'
-        ) from error

@@ -36,7 +36,14 @@ from django.core.checks import CheckMessage
 from outbox.conf import outbox_settings
 from outbox.exceptions import OutboxConfigurationError, PermanentFailure
 from outbox.headers import RELAY_PREFIX
-from outbox.relays.base import Failures, Message, Relay, RelayClientMissing, skip_after_failure
+from outbox.relays.base import (
+    Failures,
+    Message,
+    Relay,
+    RelayClientMissing,
+    skip_after_failure,
+    whole_number,
+)
 from outbox.relays.envelope import Envelope
 from outbox.relays.http_rules import (
     WebhookError,
@@ -108,13 +115,7 @@ class WebhookRelay(Relay):
                 f'pip install "django-outboxes[{self.extra}]"'
             ) from _MISSING
         super().__init__(name, envelope=envelope)
-        if concurrency is not None and (
-            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-        ):
-            raise OutboxConfigurationError(
-                f"Relay {name!r}: concurrency must be a whole number of 1 or more (or None "
-                f"for no cap of its own), not {concurrency!r}."
-            )
+        whole_number(name, "concurrency", concurrency, "no cap of its own")
         self.url = url
         self.timeout = timeout
         self.headers = dict(headers or {})
