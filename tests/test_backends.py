@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -382,3 +382,33 @@ def test_the_engine_not_a_signal_decides_whether_date_added_is_read(backend):
     if not isinstance(backend, PortableBackend):  # the ORM reads whole rows anyway
         [group] = plain.shards[key(1)]
         assert group.message.date_added is None
+
+
+def test_a_window_is_read_without_jit_and_the_session_keeps_its_setting(backend):
+    """PostgreSQL's JIT compiled a window's read anew at every read (half its time): the
+    reads turn it off for themselves, in autocommit, and the session's value stays. In a
+    transaction of the caller's the read leaves JIT alone, so nothing outlives it."""
+    if not isinstance(backend, PostgresBackend):
+        pytest.skip("JIT is PostgreSQL's")
+    if getattr(connection.connection, "prepare_threshold", None) is not None:
+        pytest.skip("a server-side binding cursor sends one statement at a time")
+    asked = "SELECT current_setting('jit')"
+    with connection.cursor() as cursor:
+        cursor.execute("SET jit = on")
+    try:
+        assert backend._fetch(asked, [], reads=True) == [("off",)]
+        assert backend._fetch(asked, []) == [("on",)]  # statements that read no window
+        assert backend._fetch(asked, [], reads=True) == [("off",)]
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW jit")
+            assert cursor.fetchone() == ("on",)  # nothing outlived the read
+        with transaction.atomic():
+            assert backend._fetch(asked, [], reads=True) == [("on",)]
+        RegionOutboxFactory(shard_identifier=7)
+        window = backend.read_window(RegionOutbox, [key(7)], 100)
+        assert [group.object_identifier for group in window.shards[key(7)]] == [
+            RegionOutbox.objects.get().object_identifier
+        ]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET jit")

@@ -89,14 +89,21 @@ class PostgresBackend(OutboxBackend):
         super().__init__(using)
         self._readers: dict[type[OutboxBase], MessageReader] = {}
 
-    def _fetch(self, sql: str, params: Any, *, scalars: bool = False) -> list[tuple[Any, ...]]:
+    def _fetch(
+        self, sql: str, params: Any, *, scalars: bool = False, reads: bool = False
+    ) -> list[tuple[Any, ...]]:
         """Run one statement; only one with `scalars` alone may be prepared (see
-        `prepared`)."""
+        `prepared`). `reads`: it reads a window's rows, and runs without JIT where it
+        can (see `_NO_JIT`)."""
         connection = connections[self.using]
         cursor = prepared_cursor(connection, scalars)
         if cursor is None:
             with connection.cursor() as cursor:
-                cursor.execute(sql, params)
+                if reads and connection.get_autocommit() and not connection.in_atomic_block:
+                    cursor.execute(_NO_JIT + sql, params)
+                    cursor.nextset()  # past the SET's own result, to the rows
+                else:
+                    cursor.execute(sql, params)
                 return list(cursor.fetchall())
         cursor.execute(sql, params)
         return list(cursor.fetchall())
@@ -147,7 +154,7 @@ class PostgresBackend(OutboxBackend):
         # timestamp per message costs the drain about a tenth of its time.
         sql = statements(model)
         statement = sql.read_window_timed if timed else sql.read_window
-        rows = self._fetch(statement, [*key_arrays(shards), per_shard])
+        rows = self._fetch(statement, [*key_arrays(shards), per_shard], reads=True)
         return self._window(model, rows, shards, per_shard)
 
     def claim_and_read(
@@ -181,7 +188,7 @@ class PostgresBackend(OutboxBackend):
             params = claim_params(model, lease, ShardFilter(shards=tuple(shards)), len(shards))
             statement = sql.claim_keys_read_timed if timed else sql.claim_keys_read
         params["per_shard"] = per_shard
-        rows = self._fetch(statement, params, scalars=one_key)
+        rows = self._fetch(statement, params, scalars=one_key, reads=True)
         return self._won_window(model, lease, rows, per_shard)
 
     def claim_due_and_read(
@@ -214,7 +221,7 @@ class PostgresBackend(OutboxBackend):
             params.update(bound_params("after", where.after))
             params.update(bound_params("until", where.after))
             statement = sql.claim_walk_around_read_timed if timed else sql.claim_walk_around_read
-        return self._won_window(model, lease, self._fetch(statement, params), per_shard)
+        return self._won_window(model, lease, self._fetch(statement, params, reads=True), per_shard)
 
     def _won_window(
         self, model: type[OutboxBase], lease: Lease, rows: list[tuple[Any, ...]], per_shard: int
@@ -332,6 +339,17 @@ def _read_committed(connection: BaseDatabaseWrapper) -> bool:
 
 
 # --- The cursor the statements run on -------------------------------------------------
+
+# PostgreSQL compiles a plan to machine code (JIT) once its estimated cost passes
+# `jit_above_cost` (100,000 by default), and compiles it again at every execution. The
+# read of a window of a few thousand rows passes that cost, and compiling took 20-25 ms
+# of a 45-50 ms read (bench/README.md, "JIT and the window's read"). The statements that
+# read rows turn JIT off for themselves: `SET LOCAL` sent with the statement in one
+# simple query, which PostgreSQL runs as one implicit transaction, so the setting ends
+# with the statement. Only in autocommit (the drain's, and the flush's after commit):
+# inside a transaction `SET LOCAL` would last to its end. A server-side binding cursor
+# (`prepare_threshold` set) sends one statement at a time, and keeps JIT as configured.
+_NO_JIT = "SET LOCAL jit = off;"
 
 # Prepared statements for the PostgreSQL fast path, where the connection allows them.
 #
