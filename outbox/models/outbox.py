@@ -32,7 +32,7 @@ from outbox.conf import outbox_settings
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.headers import allowed_credentials, check_writer_header, control_character
 from outbox.models.lease import ShardLease, any_shard
-from outbox.models.write_path import WriteAtOnce, WritePath
+from outbox.models.write_path import WritePath
 from outbox.shards import ShardKey
 from outbox.signals import process_control_outbox, process_region_outbox
 from outbox.tracing import with_trace_context
@@ -86,7 +86,10 @@ class OutboxQuerySet(models.QuerySet[_Row]):
         """Insert many rows in one statement, validating every one of them first."""
         rows = list(objs)
         payloads = [row.prepare_to_write() for row in rows]
-        return self.model.write_path.bulk_create(
+        path = self.model.write_path
+        if path is None:  # before the app is ready
+            return models.QuerySet.bulk_create(self, rows, *args, **kwargs)
+        return path.bulk_create(
             rows,
             self.db,
             payloads,
@@ -145,8 +148,9 @@ class OutboxBase(models.Model):
     )
 
     objects = OutboxQuerySet.as_manager()
-    # Replaced by the write path when the app is ready (see WritePath).
-    write_path: ClassVar[WritePath] = WriteAtOnce()
+    # The write path the app installs when it is ready (see WritePath); until then a
+    # row is written at once, as `Model.save` writes it.
+    write_path: ClassVar[WritePath | None] = None
 
     # The columns that name a shard, in index order.
     shard_fields: ClassVar[tuple[str, ...]] = ("shard_scope", "shard_identifier")
@@ -178,6 +182,9 @@ class OutboxBase(models.Model):
         payload_json = self.prepare_to_write()
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
         kwargs["using"] = using
+        if self.write_path is None:  # before the app is ready
+            models.Model.save(self, *args, **kwargs)
+            return
         self.write_path.save(
             self,
             using,

@@ -1,8 +1,8 @@
 """The seam between an outbox row's save and the write path that writes it.
 
 A row validates itself, then hands its save (or a queryset its bulk insert) to
-`OutboxBase.write_path`: by default `WriteAtOnce`; the app installs the write path of
-`outbox.writes` when it is ready, so this layer never imports it.
+`OutboxBase.write_path`, which the app sets to the write path of `outbox.writes` when
+it is ready (until then a row is written at once), so this layer never imports it.
 """
 
 from __future__ import annotations
@@ -43,27 +43,3 @@ class WritePath(Protocol):
         create_now: Callable[[], list[_Row]],
         can_hold: bool,
     ) -> list[_Row]: ...
-
-
-class WriteAtOnce:
-    """The write path until the app is ready: each row is written at once."""
-
-    def save(
-        self,
-        row: models.Model,
-        using: str,
-        payload_json: str,
-        save_now: Callable[[], None],
-        can_hold: bool,
-    ) -> None:
-        save_now()
-
-    def bulk_create(
-        self,
-        rows: list[_Row],
-        using: str,
-        payloads_json: list[str],
-        create_now: Callable[[], list[_Row]],
-        can_hold: bool,
-    ) -> list[_Row]:
-        return create_now()
