@@ -10,6 +10,7 @@ import pytest
 
 from outbox.engine import drain_outboxes, pipeline
 from outbox.engine.pipeline import collector_paused, end_long_pause
+from outbox.models import RegionOutbox
 from tests.conftest import committing
 from tests.factories import RegionOutboxFactory
 
@@ -101,6 +102,32 @@ def test_windows_of_receivers_that_return_at_once_are_delivered_with_it_paused(
     seen = _collector_during_calls(calls, settings, call_seconds=0, concurrency=concurrency)
     assert seen[0] is True
     assert seen.count(False) >= 30, seen
+
+
+@committing
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_window_that_calls_nothing_keeps_the_pause_for_the_next_batch(
+    calls, settings, collector_on, concurrency
+):
+    """Shards of exactly a window's share of rows each (100) are read once more after
+    their window, to find them empty: that empty window says nothing of the receivers,
+    and the next batch's windows are still delivered paused (they ran with the
+    collector on, a quarter to a half of a backlog's calls, and its collections cost the
+    drain a quarter of its CPU)."""
+    settings.OUTBOX_BATCH_SHARDS = 4
+    settings.OUTBOX_BATCH_ROWS = 400  # 100 rows a shard: all of each, then an empty read
+    seen = []
+    calls.during_call = lambda sender, kwargs: seen.append(gc.isenabled())
+    RegionOutbox.objects.bulk_create(
+        RegionOutboxFactory.build(shard_identifier=shard, object_identifier=obj)
+        for shard in range(12)
+        for obj in range(100)
+    )
+    stats = drain_outboxes(concurrency=concurrency)
+    assert stats.receiver_calls == 1200
+    assert seen[0] is True  # the drain's first window: nothing known of its receivers
+    assert seen.count(True) <= 400, f"{seen.count(True)} of 1200 calls with the collector on"
+    assert gc.isenabled()
 
 
 @committing

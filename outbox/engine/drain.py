@@ -228,8 +228,13 @@ class BatchWorker:
                 delivered = False
                 try:
                     paused, self._fast = self._fast, False  # until this window is seen through
+                    calls = self._calls
                     with collector_paused() if paused else nullcontext():
                         self._deliver(window, holding, round_)
+                    if self._calls == calls:
+                        # It called nothing (its shards had no row left): that says
+                        # nothing of the receivers, so the judgement before it stands.
+                        self._fast = paused
                     delivered = defer and not round_.running
                 finally:
                     done, finished = self._round_end(active, window, reached, round_)
