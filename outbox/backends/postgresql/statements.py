@@ -364,6 +364,18 @@ class _Renderer:
                 RETURNING 1
             )"""
 
+    def delete_our_leases(self, keys: tuple[str, str, str], returning: str) -> str:
+        """Delete this lease's rows (our token) of the shards whose keys come as the
+        three array parameters named by `keys`."""
+        regions, scopes, identifiers = keys
+        return f"""DELETE FROM {self.lease} l
+                USING unnest(%({regions})s::text[], %({scopes})s::integer[],
+                             %({identifiers})s::bigint[])
+                    AS r(region_name, shard_scope, shard_identifier)
+                WHERE l."outbox" = %(label)s AND l."token" = %(token)s
+                  AND {self.same_lease("l", "r")}
+                RETURNING {returning}"""
+
     def settle_released(self) -> str:
         """The common end of a round, in one cheaper statement: no failed or dead group,
         and every shard delivered to is finished. Deleting our lease rows is the check that we
@@ -371,16 +383,12 @@ class _Renderer:
         those shards over meanwhile); only rows of the shards whose lease row went are
         deleted. A shard whose lease was lost keeps its rows; it is missing from the
         shards returned, so the backend reports it lost."""
+        released = self.delete_our_leases(
+            ("r_regions", "r_scopes", "r_identifiers"),
+            'l."region_name", l."shard_scope", l."shard_identifier"',
+        )
         return f"""
-            WITH released AS (
-                DELETE FROM {self.lease} l
-                USING unnest(%(r_regions)s::text[], %(r_scopes)s::integer[],
-                             %(r_identifiers)s::bigint[])
-                    AS r(region_name, shard_scope, shard_identifier)
-                WHERE l."outbox" = %(label)s AND l."token" = %(token)s
-                  AND {self.same_lease("l", "r")}
-                RETURNING l."region_name", l."shard_scope", l."shard_identifier"
-            ),
+            WITH released AS ({released}),
             gone AS (
                 -- Found by id (never a walk of each shard's rows): every shard held, the
                 -- usual case, needs no other check; else a hashed lookup per row.
@@ -597,14 +605,7 @@ class _Renderer:
                 SET "expires_at" = now() + %(seconds)s * interval '1 second'
                 WHERE "outbox" = %(label)s AND "token" = %(token)s
                 RETURNING "region_name", "shard_scope", "shard_identifier\"""",
-            release=f"""
-                DELETE FROM {self.lease} l
-                USING unnest(%(regions)s::text[], %(scopes_in)s::integer[],
-                             %(identifiers_in)s::bigint[])
-                    AS r(region_name, shard_scope, shard_identifier)
-                WHERE l."outbox" = %(label)s AND l."token" = %(token)s
-                  AND {self.same_lease("l", "r")}
-                RETURNING 1""",
+            release=self.delete_our_leases(("regions", "scopes_in", "identifiers_in"), "1"),
         )
 
 
