@@ -101,7 +101,8 @@ class PostgresBackend(OutboxBackend):
             with connection.cursor() as cursor:
                 if reads and connection.get_autocommit() and not connection.in_atomic_block:
                     cursor.execute(_NO_JIT + sql, params)
-                    cursor.nextset()  # past the SET's own result, to the rows
+                    if _psycopg_3():  # psycopg 2 keeps the last statement's result only
+                        cursor.nextset()  # past the SET's own result, to the rows
                 else:
                     cursor.execute(sql, params)
                 return list(cursor.fetchall())
@@ -350,6 +351,14 @@ def _read_committed(connection: BaseDatabaseWrapper) -> bool:
 # inside a transaction `SET LOCAL` would last to its end. A server-side binding cursor
 # (`prepare_threshold` set) sends one statement at a time, and keeps JIT as configured.
 _NO_JIT = "SET LOCAL jit = off;"
+
+
+@cache
+def _psycopg_3() -> bool:
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
+
 
 # Prepared statements for the PostgreSQL fast path, where the connection allows them.
 #
