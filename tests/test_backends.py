@@ -390,6 +390,7 @@ def test_a_window_is_read_without_jit_and_the_session_keeps_its_setting(backend)
     transaction of the caller's the read leaves JIT alone, so nothing outlives it."""
     if not isinstance(backend, PostgresBackend):
         pytest.skip("JIT is PostgreSQL's")
+    connection.ensure_connection()
     if getattr(connection.connection, "prepare_threshold", None) is not None:
         pytest.skip("a server-side binding cursor sends one statement at a time")
     asked = "SELECT current_setting('jit')"

@@ -342,10 +342,10 @@ def _read_committed(connection: BaseDatabaseWrapper) -> bool:
 # --- The cursor the statements run on -------------------------------------------------
 
 # PostgreSQL compiles a plan to machine code (JIT) once its estimated cost passes
-# `jit_above_cost` (100,000 by default), and compiles it again at every execution. The
-# read of a window of a few thousand rows passes that cost, and compiling took 20-25 ms
-# of a 45-50 ms read (bench/README.md, "JIT and the window's read"). The statements that
-# read rows turn JIT off for themselves: `SET LOCAL` sent with the statement in one
+# `jit_above_cost`, and compiles it again at every execution. The read of a window of a
+# few thousand rows passes that cost, and compiling took about half of each read
+# (bench/README.md, "JIT and the window's read"). The statements that read rows turn JIT
+# off for themselves: `SET LOCAL` sent with the statement in one
 # simple query, which PostgreSQL runs as one implicit transaction, so the setting ends
 # with the statement. Only in autocommit (the drain's, and the flush's after commit):
 # inside a transaction `SET LOCAL` would last to its end. A server-side binding cursor
