@@ -14,6 +14,11 @@ the engine, which records which receivers succeeded for a failing message).
   `get_db_converters`, undocumented) for columns read by hand-written SQL.
 - `Signal._live_receivers(sender)` (internal) returns the sync and the async receivers
   for a sender, as `send` and `send_robust` use it (stable since Django 5.0).
+- A cursor the app keeps per connection for statements it runs over and over
+  (`kept_cursor`: made on first use, again after a reconnect) is handed out inside
+  Django's own cursor wrapper (`connection.make_cursor`, `make_debug_cursor` and
+  `queries_logged`, the database backend API, undocumented for apps), so query logging,
+  `CaptureQueriesContext` and execute wrappers see its statements as any other.
 """
 
 from __future__ import annotations
@@ -21,14 +26,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from functools import cache
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import NOT_PROVIDED, Model
 from django.db.models.expressions import DatabaseDefault
 from django.dispatch import Signal
 
 if TYPE_CHECKING:
-    from django.db.backends.base.base import BaseDatabaseWrapper
-
     from outbox.models import OutboxBase
 
 
@@ -116,3 +121,27 @@ def column_converter(model: type[Model], name: str, connection: BaseDatabaseWrap
 def as_is(value: Any) -> Any:
     """The converter of a column Django loads as the driver returns it."""
     return value
+
+
+# Per Django connection and purpose, the driver connection a cursor was made on and the
+# cursor. Keyed by Django's wrapper, not the driver connection: the cursor refers to the
+# driver connection, and a weak key its own value keeps alive would never be dropped.
+_kept: WeakKeyDictionary[BaseDatabaseWrapper, dict[str, tuple[Any, Any]]] = WeakKeyDictionary()
+
+
+def kept_cursor(connection: BaseDatabaseWrapper, purpose: str, make: Callable[[Any], Any]) -> Any:
+    """The cursor kept for `purpose` on the connection's driver connection, wrapped as
+    Django wraps its own; `make(driver_connection)` makes it the first time, and after
+    a reconnect or once it is closed. Not to be closed by the caller (no `with`)."""
+    connection.ensure_connection()
+    driver = connection.connection
+    kept = _kept.get(connection)
+    if kept is None:
+        kept = _kept[connection] = {}
+    driver_then, cursor = kept.get(purpose, (None, None))
+    if driver_then is not driver or getattr(cursor, "closed", False):  # psycopg says
+        cursor = make(driver)
+        kept[purpose] = (driver, cursor)
+    if connection.queries_logged:
+        return connection.make_debug_cursor(cursor)
+    return connection.make_cursor(cursor)

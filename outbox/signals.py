@@ -74,8 +74,8 @@ process_control_outbox = OutboxSignal("process_control_outbox")
 _Receiver = TypeVar("_Receiver", bound=Callable[..., Any])
 
 # (id(signal), category) pairs whose messages are delivered inside the transaction that
-# deletes their rows.
-_transactional: set[tuple[int, OutboxCategory]] = set()
+# deletes their rows: the engine looks a pair up in this set as it routes a category.
+transactional_pairs: set[tuple[int, OutboxCategory]] = set()
 
 
 def transactional_receiver(
@@ -91,14 +91,10 @@ def transactional_receiver(
     def decorator(func: _Receiver) -> _Receiver:
         check_sender(getattr(signal, "name", "the signal"), func, sender)
         signal.connect(func, sender=sender, **connect_kwargs)
-        _transactional.add((id(signal), sender))
+        transactional_pairs.add((id(signal), sender))
         return func
 
     return decorator
-
-
-def is_transactional(signal: Signal, category: OutboxCategory) -> bool:
-    return (id(signal), category) in _transactional
 
 
 # Lifecycle signals: sent by the engine (and the write path, for `messages_saved`) with
@@ -135,7 +131,8 @@ duplicate_skipped = Signal()
 
 def announce_saved(rows: Sequence[models.Model], using: str) -> None:
     """Send `messages_saved` for outbox rows of one table just written (the write path's
-    saves and bulk inserts); free while no receiver is connected."""
+    saves and bulk inserts). The write path calls it only while `messages_saved` has a
+    receiver at all, so a write pays nothing for it otherwise."""
     # `receivers` first: has_listeners looks up the live receivers even when none is
     # connected at all, the usual case, and this runs for every write.
     if rows and messages_saved.receivers and messages_saved.has_listeners(type(rows[0])):

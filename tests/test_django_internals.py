@@ -4,7 +4,7 @@ These fail on a Django version that changes them, before any user sees a held ro
 or written twice.
 """
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
 from outbox import internals
 from outbox.models import RegionOutbox
@@ -80,3 +80,32 @@ def test_has_async_receivers_sees_an_async_receiver_of_any_sender():
     assert internals.has_async_receivers(signal)
     signal.disconnect(awaited, sender="b")
     assert not internals.has_async_receivers(signal)
+
+
+def test_a_kept_cursor_is_made_once_per_connection_and_seen_by_execute_wrappers():
+    """`kept_cursor` hands out the same driver cursor inside Django's wrapper, whose
+    execute wrappers see its statements, and makes a new one after a reconnect."""
+    seen: list[str] = []
+    database = connections[DEFAULT_DB_ALIAS]  # Django's wrapper itself, not the proxy
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    def make(_driver):
+        return database.create_cursor()
+
+    first = internals.kept_cursor(database, "test", make)
+    with database.execute_wrapper(wrapper):
+        first.execute("SELECT 1")
+    assert [tuple(row) for row in first.fetchall()] == [(1,)]
+    again = internals.kept_cursor(database, "test", make)
+    assert again.cursor is first.cursor
+    assert seen == ["SELECT 1"]
+    database.close()
+    if database.connection is not None:
+        return  # SQLite's in-memory test database is kept open by Django's test runner
+    reconnected = internals.kept_cursor(database, "test", make)
+    assert reconnected.cursor is not first.cursor
+    reconnected.execute("SELECT 2")
+    assert [tuple(row) for row in reconnected.fetchall()] == [(2,)]

@@ -93,7 +93,12 @@ from outbox.models.causes import error_line
 from outbox.retry import Failure, policy_for
 from outbox.shards import ShardKey
 from outbox.shown_text import one_line, shown_traceback
-from outbox.signals import delivery_failed, is_transactional, message_dead_lettered, receiver_id
+from outbox.signals import (
+    delivery_failed,
+    message_dead_lettered,
+    receiver_id,
+    transactional_pairs,
+)
 
 # --- The drain's event loop ---------------------------------------------------------
 
@@ -359,7 +364,7 @@ class _Route:
     def __init__(self, signal: Signal, value: int) -> None:
         self.signal = signal
         self.category = registry.category(value)
-        self.transactional = is_transactional(signal, self.category)
+        self.transactional = (id(signal), self.category) in transactional_pairs
         sync_receivers, async_receivers = _live(signal, self.category)
         self.receivers = [
             *((r, r) for r in sync_receivers),

@@ -254,10 +254,12 @@ class LeaseKeeper:
 
     def renew_due(self, holdings: list[Holding]) -> None:
         now = time.monotonic()
+        due = [h for h in holdings if h.needs_renewal(now) and not h.hung(now)]
+        if not due:
+            return  # no statement: no connection to close either
         try:
-            for holding in holdings:
-                if holding.needs_renewal(now) and not holding.hung(now):
-                    self._renew(holding)
+            for holding in due:
+                self._renew(holding)
         finally:
             # This thread is idle most of the time: hold no connection between rounds.
             connections.close_all()

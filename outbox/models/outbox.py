@@ -15,7 +15,10 @@ development is accepted by PostgreSQL and MariaDB in production.
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
@@ -23,11 +26,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 from django.apps import apps
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Func, UUIDField
 from django.db.models.functions import Now
 from django.dispatch import Signal
 
 from outbox.categories import registry
-from outbox.columns import RandomUUID, new_message_id
 from outbox.conf import outbox_settings
 from outbox.exceptions import InvalidOutboxMessage
 from outbox.headers import allowed_credentials, check_writer_header, control_character
@@ -41,6 +45,41 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 _Row = TypeVar("_Row", bound="OutboxBase")
+
+
+# The defaults of the `message_id` column: how a message id is made in Python, and by the
+# database for rows written without one. Migrations name these two by their path in
+# `outbox.columns`, which keeps them importable there.
+def new_message_id() -> uuid.UUID:
+    """A new message id: a version 7 UUID (RFC 9562), the Unix time in milliseconds
+    followed by 74 random bits. Ids made later sort later, so logs and brokers that
+    order by id see roughly the order of writing; uniqueness comes from the random bits
+    (a collision needs two ids in the same millisecond with equal 74 random bits)."""
+    random_bits = int.from_bytes(os.urandom(10), "big")
+    value = (time.time_ns() // 1_000_000) << 80
+    value |= 0x7 << 76 | (random_bits >> 68) << 64  # version 7, 12 random bits
+    value |= 0b10 << 62 | (random_bits & _LOW_62)  # RFC 9562 variant, 62 random bits
+    return uuid.UUID(int=value)
+
+
+_LOW_62 = (1 << 62) - 1
+
+
+class RandomUUID(Func):
+    """A random UUID made by the database: the column default of `message_id`, so rows
+    that exist when the column is added, and rows inserted by code that does not set
+    it (an older release during a rolling deploy), each get an id of their own."""
+
+    template = "gen_random_uuid()"  # PostgreSQL
+    output_field = UUIDField()
+
+    def as_mysql(self, compiler: Any, connection: BaseDatabaseWrapper, **extra: Any) -> Any:
+        # MariaDB's UUID(), in the 32 hex digits that fit a char(32) column as well
+        return self.as_sql(compiler, connection, template="REPLACE(UUID(), '-', '')", **extra)
+
+    def as_sqlite(self, compiler: Any, connection: BaseDatabaseWrapper, **extra: Any) -> Any:
+        # the 32 hex digits Django stores for a UUIDField
+        return self.as_sql(compiler, connection, template="lower(hex(randomblob(16)))", **extra)
 
 
 class OutboxQuerySet(models.QuerySet[_Row]):

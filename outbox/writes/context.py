@@ -65,7 +65,7 @@ from outbox.conf import outbox_settings
 from outbox.cursors import CommitWithInsert
 from outbox.exceptions import FlushInOpenTransaction, OutboxContextRequired, OutboxError
 from outbox.shards import ShardKey
-from outbox.signals import announce_saved
+from outbox.signals import announce_saved, messages_saved
 from outbox.writes.deferred import HeldRows, held_rows_for
 
 if TYPE_CHECKING:  # imported at runtime only once the app is ready (`install`)
@@ -405,7 +405,8 @@ class ContextWritePath:
             return  # written at the commit of the enclosing outbox_context
         save_now()
         record_writes(using, rows)
-        announce_saved(rows, using)
+        if messages_saved.receivers:  # no call at all while nothing listens
+            announce_saved(rows, using)
 
     def bulk_create(
         self,
@@ -420,5 +421,6 @@ class ContextWritePath:
             return rows  # written at the commit of the enclosing outbox_context
         created = create_now()
         record_writes(using, cast("list[OutboxBase]", created))
-        announce_saved(created, using)
+        if messages_saved.receivers:
+            announce_saved(created, using)
         return created

@@ -31,7 +31,7 @@ from django.db.transaction import Atomic
 
 import outbox.internals as internals
 from outbox.cursors import CommitWithInsert
-from outbox.signals import announce_saved
+from outbox.signals import announce_saved, messages_saved
 from outbox.writes.insert import Snapshot, insert
 
 if TYPE_CHECKING:
@@ -139,7 +139,8 @@ class HeldRows:
                         raw=False,
                         using=self.using,
                     )
-            announce_saved([entry.row for entry, _ in pairs], self.using)
+            if messages_saved.receivers:
+                announce_saved([entry.row for entry, _ in pairs], self.using)
 
     def _write_table(
         self, model: type[OutboxBase], snapshots: list[Snapshot], commit_wrapper: Any

@@ -45,8 +45,8 @@ from django.db.models import (
 )
 from django.db.models.expressions import DatabaseDefault
 
-from outbox.cursors import CommitWithInsert, kept_cursor
-from outbox.internals import Convert, as_is, column_converter
+from outbox.cursors import CommitWithInsert
+from outbox.internals import Convert, as_is, column_converter, kept_cursor
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -225,9 +225,10 @@ def _returned(plan: _Plan, rows: list[Any], timezone: Any) -> list[Snapshot]:
 
 
 def _cursor(connection: BaseDatabaseWrapper, wrapper: CommitWithInsert | None) -> Any:
-    """The cursor `insert` runs on, kept for the connection (`outbox.cursors`): the one
-    the database's COMMIT-with-INSERT makes (which may load timestamps its own way;
-    `_returned` then sets the tzinfo as Django's loader does), else a plain one."""
+    """The cursor `insert` runs on, kept for the connection
+    (`outbox.internals.kept_cursor`): the one the database's COMMIT-with-INSERT makes
+    (which may load timestamps its own way; `_returned` then sets the tzinfo as Django's
+    loader does), else a plain one."""
     make = _plain_cursor if wrapper is None else wrapper.cursor
     return kept_cursor(connection, "insert", make)
 

@@ -12,13 +12,14 @@
   rows that locks them until the commit; failures, back-offs and releases take one
   statement each.
 The walk is a plain read: it takes no locks under any isolation level. The statements
-are named and written in `statements`.
+are named and written in `statements`; what they bind (keys, ids and failures as JSON)
+and the decoding of what they read are at the end of this module.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -26,6 +27,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from outbox.backends.base import (
+    FailedGroup,
     Lease,
     MessageReader,
     OutboxBackend,
@@ -36,18 +38,7 @@ from outbox.backends.base import (
     coalesce,
 )
 from outbox.backends.lock_errors import mariadb_lock_error as is_lock_error
-from outbox.backends.mariadb.statements import (
-    REGION_COLLATIONS,
-    Regions,
-    Statements,
-    attempt_documents,
-    back_off_document,
-    key_json,
-    message_reader,
-    micros,
-    ours,
-    statements,
-)
+from outbox.backends.mariadb.statements import REGION_COLLATIONS, Regions, Statements, statements
 from outbox.models import OutboxBase, ShardLease
 from outbox.shards import ShardKey
 
@@ -58,6 +49,7 @@ MAX_ARMS = 100
 WINDOW_ROWS = 10_000
 
 _regions: dict[tuple[str, str, str], Regions] = {}
+_NO_REGIONS = Regions()
 
 
 class MariaDBBackend(OutboxBackend):
@@ -92,8 +84,9 @@ class MariaDBBackend(OutboxBackend):
             return int(cursor.rowcount)
 
     def _sql(self, model: type[OutboxBase]) -> Statements:
+        # A table without region names compares none: the default collations do.
         if "region_name" not in model.shard_fields:
-            return statements(model, Regions())
+            return statements(model, _NO_REGIONS)
         connection = connections[self.using]
         cache_key = (self.using, str(connection.settings_dict["NAME"]), model._meta.db_table)
         if cache_key not in _regions:
@@ -116,19 +109,19 @@ class MariaDBBackend(OutboxBackend):
         sql = self._sql(model)
         params: dict[str, Any] = {"label": model._meta.label_lower, "limit": limit}
         if where.shards is not None:
-            statement = sql.claim_keys(where.scopes, where.identifiers)
+            statement = sql.claim_keys[where.scopes, where.identifiers]
             rows = self._fetch(statement, {**params, "keys": key_json(where.shards)})
             return [model.shard_key_of(row) for row in rows]
         if where.after is None:
-            rows = self._fetch(sql.walk("", where.scopes, where.identifiers), params)
+            rows = self._fetch(sql.walk["", where.scopes, where.identifiers], params)
         else:
             after = where.after
             params.update(b_region=after.region_name, b_scope=after.shard_scope)
             params["b_identifier"] = after.shard_identifier
-            rows = self._fetch(sql.walk("after", where.scopes, where.identifiers), params)
+            rows = self._fetch(sql.walk["after", where.scopes, where.identifiers], params)
             if len(rows) < limit:  # wrap around to the shards up to the cursor
                 params["limit"] = limit - len(rows)
-                rows += self._fetch(sql.walk("until", where.scopes, where.identifiers), params)
+                rows += self._fetch(sql.walk["until", where.scopes, where.identifiers], params)
         width = len(model.shard_fields)
         return [model.shard_key_of(row[:width]) for row in rows]
 
@@ -257,3 +250,62 @@ class MariaDBBackend(OutboxBackend):
             if self._execute(sql.release_held, held) == len(lease.shards):
                 return
         self._execute(sql.release, ours(model, lease, keys=key_json(shards)))
+
+
+# --- What the statements bind ---------------------------------------------------------
+
+# Parameters of the MariaDB fast path's statements, and the decoding of what it reads.
+#
+# Shard keys and failures go as JSON documents, opened by `JSON_TABLE`: one parameter,
+# however many shards, far cheaper to bind than thousands of placeholders.
+
+# About the largest JSON document one statement carries: its text, escaped, must stay
+# well inside max_allowed_packet (16 MiB by default). A failed group's error and
+# traceback alone may take 24 kB, so the failures of a wide batch go in chunks.
+DOCUMENT_CHARS = 4_000_000
+
+
+def key_json(keys: Iterable[ShardKey]) -> str:
+    return json.dumps([[key.region_name, key.shard_scope, key.shard_identifier] for key in keys])
+
+
+def micros(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+def ours(model: type[OutboxBase], lease: Lease, **more: Any) -> dict[str, Any]:
+    """Parameters naming the lease: the outbox table's label and the token."""
+    return {"label": model._meta.label_lower, "token": lease.token, **more}
+
+
+def attempt_documents(failed: Sequence[FailedGroup], dead: Sequence[FailedGroup]) -> Iterator[str]:
+    """The failed and dead groups as JSON documents of about DOCUMENT_CHARS at most: per
+    group its error, traceback, whether it is dead, and its rows (id, retry delay in
+    microseconds, and the receivers done on the group's newest row only, else null)."""
+    chunk: list[str] = []
+    size = 0
+    for group, is_dead in [(f, 0) for f in failed] + [(f, 1) for f in dead]:
+        newest = max(group.row_delays, default=0)
+        rows = [
+            [row_id, micros(delay), group.delivered_to if row_id == newest else None]
+            for row_id, delay in group.row_delays.items()
+        ]
+        item = json.dumps([group.error, group.traceback, is_dead, rows])
+        if chunk and size + len(item) > DOCUMENT_CHARS:
+            yield "[" + ",".join(chunk) + "]"
+            chunk, size = [], 0
+        chunk.append(item)
+        size += len(item)
+    if chunk:
+        yield "[" + ",".join(chunk) + "]"
+
+
+def back_off_document(failed: Sequence[FailedGroup]) -> str:
+    """The failed shards and how long each backs off, in microseconds."""
+    return json.dumps([[*group.shard, micros(group.block_seconds)] for group in failed])
+
+
+def message_reader(model: type[OutboxBase], connection: BaseDatabaseWrapper) -> MessageReader:
+    """How Django turns a read row into a message: `decode_json` for a stock JSONField,
+    else each field's own converters (see `field_converter`)."""
+    return MessageReader(model, connection)

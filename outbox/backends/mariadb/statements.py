@@ -12,23 +12,15 @@ a skip scan of the shard index, `walk`, or among given keys, `claim_keys`, then 
 shards are small, `read_small`, else the shards up to a size in one join, `read_window`,
 and each bigger one by an index range of its own, `read_arms`); and the end of a round
 and the lease (`retire`, `record_attempts`, `back_off`, `release`, `release_held`,
-`renew`, `held`).
-
-Below them, what the statements bind: keys, ids and failures made into parameters."""
+`renew`, `held`). What they bind is made in `backend`, which runs them."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
-from django.db.backends.base.base import BaseDatabaseWrapper
-
-from outbox.backends.base import FailedGroup, Lease, MessageReader
 from outbox.models import OutboxBase, OutboxPause, ShardLease
-from outbox.shards import ShardKey
 
 # The short name of each shard column, in the names of the parameters giving a key.
 SHORT = {"region_name": "region", "shard_scope": "scope", "shard_identifier": "identifier"}
@@ -40,10 +32,10 @@ REGION_COLLATIONS = """
     WHERE TABLE_SCHEMA = DATABASE() AND COLUMN_NAME = 'region_name' AND TABLE_NAME IN (%s, %s)"""
 
 
-@dataclass(frozen=True)
-class Regions:
+class Regions(NamedTuple):
     """The (charset, collation) of region_name in the lease table and in the outbox
-    table; unused for a table whose shards have no region."""
+    table; unused for a table whose shards have no region. (A tuple: the statements'
+    cache hashes it on every look-up.)"""
 
     lease: tuple[str, str] = ("utf8mb4", "utf8mb4_general_ci")
     rows: tuple[str, str] = ("utf8mb4", "utf8mb4_general_ci")
@@ -66,10 +58,23 @@ def statements(model: type[OutboxBase], regions: Regions) -> Statements:
     return Statements(model, regions)
 
 
+class Rendered(dict[tuple[Any, ...], str]):
+    """Statement texts that inline a drain's filters, by their arguments, each rendered
+    the first time it is asked for (a drain keeps its filters, so these stay few)."""
+
+    def __init__(self, render: Callable[..., str]) -> None:
+        super().__init__()
+        self.render = render
+
+    def __missing__(self, key: tuple[Any, ...]) -> str:
+        text = self[key] = self.render(*key)
+        return text
+
+
 class Statements:
     """The named statements for one outbox table: rendered once, but for those that
-    inline integers (`walk`, `claim_keys`: filters) or vary with the count of shards
-    read apart (`read_arms`)."""
+    inline integers (`walk`, `claim_keys`: filters, rendered once per filters) or vary
+    with the count of shards read apart (`read_arms`)."""
 
     def __init__(self, model: type[OutboxBase], regions: Regions) -> None:
         self.table = f"`{model._meta.db_table}`"
@@ -90,6 +95,9 @@ class Statements:
         self.release_held = self._release_held()
         self.renew = self._renew()
         self.held = self._held()
+        # by (scopes, identifiers); walks by (bound, scopes, identifiers)
+        self.claim_keys = Rendered(self._claim_keys)
+        self.walk = Rendered(self._walk)
 
     # --- Fragments shared by the statements
 
@@ -187,7 +195,7 @@ class Statements:
             )
         return f" AND ({condition})"
 
-    def walk(self, which: str, scopes: tuple[int, ...] | None, ids: tuple[int, ...] | None) -> str:
+    def _walk(self, which: str, scopes: tuple[int, ...] | None, ids: tuple[int, ...] | None) -> str:
         """The due, free shards in key order, walked with a skip scan of the shard index
         (MIN(id) per shard lets MariaDB jump from shard to shard), stopping at the limit."""
         return f"""
@@ -198,7 +206,7 @@ class Statements:
             HAVING {self.due_and_free("o")}
             ORDER BY {self.cols("o")} LIMIT %(limit)s"""
 
-    def claim_keys(self, scopes: tuple[int, ...] | None, ids: tuple[int, ...] | None) -> str:
+    def _claim_keys(self, scopes: tuple[int, ...] | None, ids: tuple[int, ...] | None) -> str:
         """Of the given shards, the due, free ones."""
         return f"""
             SELECT {self.key_cols("k")} FROM {self.keys("keys", "k")}
@@ -354,62 +362,3 @@ class Statements:
         return f"""
             SELECT `region_name`, `shard_scope`, `shard_identifier` FROM {self.lease}
             WHERE `outbox` = %(label)s AND `token` = %(token)s"""
-
-
-# --- What the statements bind ---------------------------------------------------------
-
-# Parameters of the MariaDB fast path's statements, and the decoding of what it reads.
-#
-# Shard keys and failures go as JSON documents, opened by `JSON_TABLE`: one parameter,
-# however many shards, far cheaper to bind than thousands of placeholders.
-
-# About the largest JSON document one statement carries: its text, escaped, must stay
-# well inside max_allowed_packet (16 MiB by default). A failed group's error and
-# traceback alone may take 24 kB, so the failures of a wide batch go in chunks.
-DOCUMENT_CHARS = 4_000_000
-
-
-def key_json(keys: Iterable[ShardKey]) -> str:
-    return json.dumps([[key.region_name, key.shard_scope, key.shard_identifier] for key in keys])
-
-
-def micros(seconds: float) -> int:
-    return round(seconds * 1_000_000)
-
-
-def ours(model: type[OutboxBase], lease: Lease, **more: Any) -> dict[str, Any]:
-    """Parameters naming the lease: the outbox table's label and the token."""
-    return {"label": model._meta.label_lower, "token": lease.token, **more}
-
-
-def attempt_documents(failed: Sequence[FailedGroup], dead: Sequence[FailedGroup]) -> Iterator[str]:
-    """The failed and dead groups as JSON documents of about DOCUMENT_CHARS at most: per
-    group its error, traceback, whether it is dead, and its rows (id, retry delay in
-    microseconds, and the receivers done on the group's newest row only, else null)."""
-    chunk: list[str] = []
-    size = 0
-    for group, is_dead in [(f, 0) for f in failed] + [(f, 1) for f in dead]:
-        newest = max(group.row_delays, default=0)
-        rows = [
-            [row_id, micros(delay), group.delivered_to if row_id == newest else None]
-            for row_id, delay in group.row_delays.items()
-        ]
-        item = json.dumps([group.error, group.traceback, is_dead, rows])
-        if chunk and size + len(item) > DOCUMENT_CHARS:
-            yield "[" + ",".join(chunk) + "]"
-            chunk, size = [], 0
-        chunk.append(item)
-        size += len(item)
-    if chunk:
-        yield "[" + ",".join(chunk) + "]"
-
-
-def back_off_document(failed: Sequence[FailedGroup]) -> str:
-    """The failed shards and how long each backs off, in microseconds."""
-    return json.dumps([[*group.shard, micros(group.block_seconds)] for group in failed])
-
-
-def message_reader(model: type[OutboxBase], connection: BaseDatabaseWrapper) -> MessageReader:
-    """How Django turns a read row into a message: `decode_json` for a stock JSONField,
-    else each field's own converters (see `field_converter`)."""
-    return MessageReader(model, connection)
