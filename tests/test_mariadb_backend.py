@@ -18,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import outbox.backends.mariadb.backend as mariadb
-import outbox.backends.mariadb.statements as mariadb_statements
+import outbox.backends.mariadb.backend as mariadb_backend
 from outbox.backends.base import FailedGroup, Lease, Settlement, ShardFilter, decode_json
 from outbox.backends.mariadb.backend import MariaDBBackend
 from outbox.backends.select import get_backend
@@ -170,7 +170,7 @@ def test_settle_deletes_the_rows_of_held_shards_and_reports_the_lost_one():
 def test_failures_go_in_documents_of_bounded_size(monkeypatch):
     """The failures of a wide batch, each with a traceback of up to 24 kB, would overflow
     max_allowed_packet in one statement: they are recorded in chunks."""
-    monkeypatch.setattr(mariadb_statements, "DOCUMENT_CHARS", 100)
+    monkeypatch.setattr(mariadb_backend, "DOCUMENT_CHARS", 100)
     rows = {
         shard: [RegionOutboxFactory(shard_identifier=shard, object_identifier=7) for _ in (1, 2)]
         for shard in (1, 2, 3)
