@@ -164,14 +164,13 @@ class OutboxSettings:
         above=0,
     )
     LOOP_GATHER_SECONDS: Setting[float] = Setting(
-        0.0,
-        "How long a round of `drain_outboxes --loop` waits after a batch that was not full "
-        "before it claims again, so that commits arriving one at a time are claimed, read "
-        "and settled together, at fewer statements a message. The first message after an "
-        "idle moment is delivered at once; each later one may wait up to this long. At 500 "
-        "single-message commits a second, 0.01 (10 ms) more than halves the loop's CPU a "
-        "message and adds about 7 ms to the median lag; 0 (the default) claims again at "
-        "once.",
+        0.005,
+        "How long a round of `drain_outboxes --loop` waits after a small batch (not full, "
+        "fewer than 16 rows) before it claims again, so that commits arriving one at a "
+        "time are claimed, read and settled together, at fewer statements a message. The "
+        "first message after an idle moment is delivered at once; each later one may wait "
+        "up to this long, and a batch of 16 rows or more never waits. 0 claims again at "
+        "once; the bench README's trickle section has what each choice costs and saves.",
         at_least=0,
     )
     NOTIFY: Setting[bool] = Setting(

@@ -112,6 +112,11 @@ FIRST_CLAIM_LEAST = 16
 FAST_BATCH_SECONDS = 1.0
 # Receivers that wait: calls of a millisecond or more on average.
 WAITING_CALL_SECONDS = 0.001
+# A loop's round waits its gather (`OUTBOX_LOOP_GATHER_SECONDS`) only after a batch that
+# retired fewer rows than this: the round's own cost (its two statements and the
+# hand-offs between threads) then outweighs its messages', and the next commits are
+# worth waiting for; a batch this big or more claims again at once.
+GATHER_BELOW_ROWS = 16
 
 
 class Pace:
@@ -599,7 +604,7 @@ class Drainer:
                     ahead.start(self._claimer(limit))
                 batch, pending = self._work_paced(claimed, defer)
                 stats.add(batch)
-                if self.gather and not full_in_a_row:
+                if self.gather and not full_in_a_row and batch.rows_retired < GATHER_BELOW_ROWS:
                     self.stop.wait(self.gather)  # writes trickling in: let the next ones meet
                 limit = self._next_limit(batch, full=full_in_a_row > 0)
                 # A batch whose shards all came back empty (drained by someone else a
@@ -841,8 +846,9 @@ def drain_outboxes(
     `wait_for_others`: when a claim comes back empty while other drains hold shards of
     the table and go on claiming, look again rather than end (a claim race lost, not a
     backlog done); a loop's rounds pass False, as the next write starts another round.
-    `gather`: how long to wait after a batch that was not full before claiming again (a
-    loop's rounds pass `OUTBOX_LOOP_GATHER_SECONDS`)."""
+    `gather`: how long to wait after a batch that was not full, and retired fewer than
+    `GATHER_BELOW_ROWS` rows, before claiming again (a loop's rounds pass
+    `OUTBOX_LOOP_GATHER_SECONDS`)."""
     stats = DrainStats()
     for model in models or outbox_models():
         drainer = Drainer(

@@ -315,12 +315,13 @@ def lag_seconds(group: Group) -> float | None:
 
 def wants_processed(model: type[OutboxBase]) -> bool:
     """Whether `message_processed` has a receiver for `model` (checked once per window:
-    the check costs more than a delivery's bookkeeping)."""
-    return message_processed.has_listeners(model)
+    the check costs more than a delivery's bookkeeping; `receivers` first, as with no
+    receiver at all, the usual case, `has_listeners` still looks them up)."""
+    return bool(message_processed.receivers) and message_processed.has_listeners(model)
 
 
 def report_processed(model: type[OutboxBase], group: Group, duration: float, using: str) -> None:
-    if not message_processed.has_listeners(model):
+    if not wants_processed(model):
         return
     send_processed(model, group, duration, using)
 
@@ -346,7 +347,7 @@ def send_processed(
 
 
 def report_claimed(model: type[OutboxBase], shards: int, duration: float, using: str) -> None:
-    if shards_claimed.has_listeners(model):
+    if shards_claimed.receivers and shards_claimed.has_listeners(model):
         shards_claimed.send(sender=model, shards=shards, duration_seconds=duration, using=using)
 
 
@@ -362,13 +363,13 @@ def report_leases_lost(model: type[OutboxBase], shards: set[ShardKey], using: st
                 "shard": str(key),
             },
         )
-        if lease_lost.has_listeners(model):
+        if lease_lost.receivers and lease_lost.has_listeners(model):
             lease_lost.send(sender=model, shard=key, using=using)
 
 
 def report_stuck(model: type[OutboxBase], count: int, using: str) -> None:
     """The number of this process's stuck receiver threads changed to `count`."""
-    if not receivers_stuck.has_listeners(model):
+    if not (receivers_stuck.receivers and receivers_stuck.has_listeners(model)):
         return
     try:
         receivers_stuck.send(sender=model, count=count, using=using)
