@@ -139,7 +139,8 @@ def kept_cursor(connection: BaseDatabaseWrapper, purpose: str, make: Callable[[A
     if kept is None:
         kept = _kept[connection] = {}
     driver_then, cursor = kept.get(purpose, (None, None))
-    if driver_then is not driver or getattr(cursor, "closed", False):  # psycopg says
+    # A driver cursor that says it is closed (psycopg's do) is made again.
+    if driver_then is not driver or getattr(cursor, "closed", False):
         cursor = make(driver)
         kept[purpose] = (driver, cursor)
     if connection.queries_logged:
