@@ -422,7 +422,9 @@ def test_callers_beyond_the_relays_concurrency_never_wait_for_a_connection(serve
     # The engine may run more slot threads (`drain_outboxes --concurrency`) than the
     # relay's concurrency (OUTBOX_CONCURRENCY, 1 in the test settings).
     relay = make_relay(connect=False)
-    server.answer = lambda r: (200, {}, b"", 0.2)
+    # Each answer takes a second: long beside a loaded machine's delay in starting the
+    # eight threads, so all eight overlap unless one waits for another's connection.
+    server.answer = lambda r: (200, {}, b"", 1.0)
     assert at_once(8, lambda: relay.publish(messages(1, 1))) == [{}] * 8
     assert server.most_in_flight == 8
 
